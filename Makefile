@@ -1,0 +1,32 @@
+# Every target sets up .venv itself, so a fresh machine needs only `make demo` or `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.flaxport-installed
+# torch first and pinned: anything that later asks for `torch` is then satisfied and
+# never pulls the multi-gigabyte CUDA build.
+TORCH  := torch==2.13.0
+
+.PHONY: setup demo test test-all bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[torch,keras,dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/flaxport compare gan --epochs 3 --workdir runs/demo-gan
+
+test: setup
+	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "slow"
+
+bench: setup
+	$(VENV)/bin/flaxport compare gan --epochs 10 --workdir runs/bench-gan
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

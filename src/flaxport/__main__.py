@@ -1,0 +1,3 @@
+from flaxport.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""The comparison report: the seed article's table, speed ratios, quality; md + json.
+
+Timing rules: every epoch's wall time is kept (`epoch_seconds`, first included). The
+first epoch of a JAX run includes its ahead-of-time compile, also reported apart as
+`compile_seconds`; ratios use steady-state epochs (all but the first) so compile and
+warm-up do not blur them. All runs of one report come from one process, one machine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from flaxport.harness.workdir import write_json
+
+BASELINE = "torch-eager"
+
+
+def _steady(seconds: list) -> list:
+    return seconds[1:] if len(seconds) > 1 else seconds
+
+
+def build(workload, config, epochs: int, results: list) -> dict:
+    """results: [(seed, RunResult)] -> report dict (the report.json schema)."""
+    from flaxport.cli.env import facts
+
+    runs = []
+    for seed, r in results:
+        steady = _steady(r.epoch_seconds)
+        runs.append({
+            "name": r.name,
+            "framework": r.framework,
+            "seed": seed,
+            "epoch_seconds": [round(s, 4) for s in r.epoch_seconds],
+            "compile_seconds": round(r.compile_seconds, 4),
+            "steady_epoch_seconds": round(statistics.fmean(steady), 4),
+            "quality": r.quality,
+        })
+    by_name = defaultdict(list)
+    for run in runs:
+        by_name[run["name"]].append(run)
+    base = by_name.get(BASELINE)
+    base_mean = statistics.fmean(r["steady_epoch_seconds"] for r in base) if base else None
+    summary = []
+    for name, rs in by_name.items():
+        mean = statistics.fmean(r["steady_epoch_seconds"] for r in rs)
+        all_epochs = [s for r in rs for s in _steady(r["epoch_seconds"])]
+        entry = {
+            "name": name,
+            "seeds": len(rs),
+            "first_epoch_seconds": round(statistics.fmean(r["epoch_seconds"][0] for r in rs), 4),
+            "compile_seconds": round(statistics.fmean(r["compile_seconds"] for r in rs), 4),
+            "min_epoch_seconds": round(min(all_epochs), 4),
+            "max_epoch_seconds": round(max(all_epochs), 4),
+            "total_seconds": round(statistics.fmean(sum(r["epoch_seconds"]) for r in rs), 4),
+            "steady_epoch_seconds": round(mean, 4),
+            "speedup_vs_torch_eager": round(base_mean / mean, 2) if base_mean else None,
+            "quality": _quality_stats([r["quality"] for r in rs]),
+        }
+        summary.append(entry)
+    return {
+        "workload": workload.name,
+        "config": dataclasses.asdict(config),
+        "epochs": epochs,
+        "machine": facts(),
+        "runs": runs,
+        "summary": summary,
+    }
+
+
+def _quality_stats(qs: list) -> dict:
+    """{metric: {"mean", "std"}} over seeds; lists (mode shares) element-wise."""
+    out = {}
+    for key in qs[0]:
+        vals = [q[key] for q in qs]
+        if isinstance(vals[0], list):
+            cols = list(zip(*vals))
+            out[key] = {"mean": [round(statistics.fmean(c), 4) for c in cols],
+                        "std": [round(statistics.pstdev(c), 4) for c in cols]}
+        else:
+            out[key] = {"mean": round(statistics.fmean(vals), 5), "std": round(statistics.pstdev(vals), 5)}
+    return out
+
+
+def _fmt_q(stat) -> str:
+    mean, std = stat["mean"], stat["std"]
+    if isinstance(mean, list):
+        return "/".join(f"{m:.2f}" for m in mean) + ("" if not any(std) else " ±" + "/".join(f"{s:.2f}" for s in std))
+    return f"{mean:.4f}" + (f" ±{std:.4f}" if std else "")
+
+
+def to_markdown(rep: dict) -> str:
+    m = rep["machine"]
+    lines = [
+        f"# flaxport compare {rep['workload']} ({rep['config'].get('variant')} config, {rep['epochs']} epochs)",
+        "",
+        f"Machine: {m['platform']}, {m['cpu_count']} CPUs, jax {m['jax']} on {m['jax_backend']}, torch {m['torch']}.",
+        "Epoch seconds: min/max/mean over steady epochs (2..N); the first epoch includes the JAX compile,",
+        "shown apart. Speed-up = torch-eager steady epoch / this run's, measured in this same process.",
+        "",
+        "| run | first epoch (s) | compile (s) | min (s) | max (s) | total (s) | steady mean (s) | vs torch-eager |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in rep["summary"]:
+        speed = f"{s['speedup_vs_torch_eager']:.2f}x" if s["speedup_vs_torch_eager"] else "-"
+        lines.append(
+            f"| {s['name']} | {s['first_epoch_seconds']:.3f} | {s['compile_seconds']:.2f} | {s['min_epoch_seconds']:.3f} "
+            f"| {s['max_epoch_seconds']:.3f} | {s['total_seconds']:.2f} | {s['steady_epoch_seconds']:.3f} | {speed} |"
+        )
+    qkeys = list(rep["summary"][0]["quality"])
+    lines += ["", "Quality (mean ± std over seeds):", "",
+              "| run | seeds | " + " | ".join(qkeys) + " |", "|---|---:|" + "---:|" * len(qkeys)]
+    for s in rep["summary"]:
+        lines.append(f"| {s['name']} | {s['seeds']} | " + " | ".join(_fmt_q(s["quality"][k]) for k in qkeys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write(workdir, rep: dict) -> None:
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_json(workdir / "report.json", rep)
+    md = to_markdown(rep)
+    pics = sorted(p.relative_to(workdir) for p in workdir.glob("*/*.png"))
+    if pics:
+        md += "\n" + "\n".join(f"![{p.parent}]({p})" for p in pics) + "\n"
+    (workdir / "report.md").write_text(md)

@@ -1,0 +1,112 @@
+"""Flags and helpers shared by the subcommands."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from flaxport.errors import UserError
+
+FRAMEWORKS = ("jax", "torch")
+
+
+def add_debug(p):
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def add_train_flags(p, epochs_default=None):
+    """The `train` contract every workload honours (compare shares most of it)."""
+    p.add_argument("workload", help="gan")
+    p.add_argument("--config", default="default", help="config variant: default, smoke, bench, tuned")
+    p.add_argument("--epochs", type=int, default=epochs_default, help="epochs (default: the config's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", default=None, help="run directory (default runs/WORKLOAD-...)")
+    p.add_argument("--data", default=None, metavar="SOURCE", help="dataset source (workload-specific)")
+    p.add_argument("--data-dir", default=None, help="where real datasets live (default $FLAXPORT_DATA)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_debug(p)
+
+
+def setup_jax(workload_name: str) -> None:
+    """Process-wide JAX settings; must run before jax is imported.
+
+    Tiny models (the GAN) run fastest with single-threaded XLA on CPU: the per-op
+    thread hand-off costs more than the arithmetic. An XLA_FLAGS set by the user wins.
+    """
+    from flaxport.workloads import registry
+
+    if registry.prefers_single_thread(workload_name):
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_cpu_multi_thread_eigen" not in flags:
+            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
+
+
+def workload_and_config(args):
+    """(Workload, config) for args.workload / --config / --set."""
+    from flaxport.workloads import registry
+
+    setup_jax(args.workload)
+    workload = registry.get(args.workload)
+    if args.config not in workload.variants:
+        raise UserError(f"unknown config {args.config!r} for {workload.name}; choose one of: {', '.join(workload.variants)}")
+    config = apply_overrides(workload.get_config(args.config), args.set)
+    if args.epochs is not None and args.epochs < 1:
+        raise UserError(f"--epochs must be at least 1, got {args.epochs}")
+    return workload, config
+
+
+def apply_overrides(config, items):
+    """config with KEY=VALUE strings applied, each parsed as the field's current type."""
+    fields = {f.name for f in dataclasses.fields(config)}
+    changes = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"--set expects KEY=VALUE, got {item!r}")
+        key, raw = item.split("=", 1)
+        if key not in fields or key == "variant":
+            raise UserError(f"--set: {config.__class__.__module__.split('.')[-2]} config has no field {key!r}")
+        changes[key] = _parse_like(getattr(config, key), raw, key)
+    return dataclasses.replace(config, **changes)
+
+
+def _parse_like(current, raw: str, key: str):
+    try:
+        if isinstance(current, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1")
+        if isinstance(current, tuple):
+            kind = type(current[0]) if current else float
+            return tuple(kind(x) for x in raw.split(",") if x)
+        return type(current)(raw)
+    except ValueError:
+        raise UserError(f"--set {key}: cannot read {raw!r} as {type(current).__name__}") from None
+
+
+def config_from_dict(workload, saved: dict):
+    """The config a run used, from its config.json."""
+    base = workload.get_config(saved.get("variant", "default"))
+    fields = {f.name for f in dataclasses.fields(base)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
+    return dataclasses.replace(base, **values)
+
+
+def read_run(workdir) -> dict:
+    path = Path(workdir) / "config.json"
+    if not path.exists():
+        raise UserError(f"{workdir} is not a flaxport run directory (no config.json)")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise UserError(f"{path} is not valid JSON: {e}") from e
+
+
+def default_workdir(*parts) -> str:
+    return str(Path("runs") / "-".join(str(p) for p in parts if p))
+
+
+def load_data(workload, config, args):
+    data = workload.load_data(config, args.data, args.data_dir or os.environ.get("FLAXPORT_DATA"))
+    return data

@@ -1,0 +1,62 @@
+"""flaxport compare WORKLOAD: every framework/runner on the same data and config, one run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from flaxport.cli import common
+from flaxport.errors import UserError
+from flaxport.harness.metrics import info
+
+RUNS = ("torch-eager", "torch-tuned", "jax-step", "jax-scan")
+
+
+def add_parser(sub):
+    p = sub.add_parser("compare", help="train every twin in one run and report speed and quality")
+    common.add_train_flags(p, epochs_default=5)
+    p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    p.add_argument("--seeds", type=int, default=1, help="repeat every run with seeds 0..N-1")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from flaxport.bench import report
+
+    workload, config = common.workload_and_config(args)
+    runs = [r for r in args.runs.split(",") if r]
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown or not runs:
+        raise UserError(f"--runs: unknown {','.join(unknown) or '(empty)'}; choose from {','.join(RUNS)}")
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {args.seeds}")
+    workdir = Path(args.workdir or common.default_workdir("compare", workload.name, config.variant))
+    data = common.load_data(workload, config, args)
+    info(f"compare {workload.name} ({config.variant} config, {args.epochs} epochs, data {data.name}) in {workdir}")
+    results = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        for name in runs:
+            run_dir = workdir / (name if args.seeds == 1 else f"{name}-seed{seed}")
+            info(f"-- {name} (seed {seed})")
+            results.append((seed, _run_one(name, workload, config, run_dir, seed, args.epochs, data, args)))
+    rep = report.build(workload, config, args.epochs, results)
+    report.write(workdir, rep)
+    print(report.to_markdown(rep))
+    info(f"wrote {workdir / 'report.md'} and {workdir / 'report.json'}")
+    return 0
+
+
+def _run_one(name, workload, config, run_dir, seed, epochs, data, args):
+    kw = dict(workdir=run_dir, seed=seed, epochs=epochs, data=data, checkpoints=False,
+              progress=not args.no_progress, resume=False)
+    if run_dir.exists():
+        # A comparison is re-run from scratch; its per-run dirs are scratch space.
+        import shutil
+
+        shutil.rmtree(run_dir)
+    if name.startswith("jax-"):
+        from flaxport.harness import loop
+
+        return loop.train(workload, config, runner=name.split("-", 1)[1], name=name, **kw)
+    from flaxport.harness import torch_loop
+
+    options = torch_loop.TUNED if name == "torch-tuned" else torch_loop.EAGER
+    return torch_loop.train(workload, config, options=options, **kw)

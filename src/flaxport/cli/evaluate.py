@@ -1,0 +1,75 @@
+"""flaxport evaluate WORKLOAD --workdir DIR: quality of a run's newest checkpoint."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flaxport.cli import common
+from flaxport.errors import UserError
+
+
+def add_parser(sub):
+    p = sub.add_parser("evaluate", help="quality metrics of a trained run")
+    p.add_argument("workload")
+    p.add_argument("--workdir", required=True)
+    common.add_debug(p)
+    p.set_defaults(run=run)
+
+
+def load_trained(workload_name: str, workdir):
+    """(workload, config, run_info, evaluate(data) -> (quality, artifacts)) from a workdir's newest checkpoint."""
+    from flaxport.workloads import registry
+
+    common.setup_jax(workload_name)
+    workload = registry.get(workload_name)
+    saved = common.read_run(workdir)
+    if saved.get("workload") != workload.name:
+        raise UserError(f"{workdir} holds a {saved.get('workload')!r} run, not {workload.name!r}")
+    config = common.config_from_dict(workload, saved["config"])
+    seed = saved["config"].get("seed", 0)
+    meta = {"workload": workload.name, "framework": saved["framework"], "variant": config.variant, "seed": seed}
+    if saved["framework"] == "jax":
+        from flaxport.harness import rng
+        from flaxport.harness.checkpoint import Checkpointer
+
+        keys = rng.streams(seed)
+        ckpt = Checkpointer(Path(workdir) / "checkpoints")
+        if ckpt.latest() is None:
+            raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
+        state, info = ckpt.restore(workload.init_state(config, keys["init"]), meta)
+        ckpt.close()
+        return workload, config, info, lambda data, n=None: workload.evaluate(
+            _with_n(config, n), state, data, rng.at(keys["eval"], 0))
+    import importlib
+
+    import torch
+
+    from flaxport.harness import torch_loop
+
+    latest = torch_loop._latest(Path(workdir))
+    if latest is None:
+        raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
+    twin = importlib.import_module(workload.torch_twin)
+    path = Path(workdir) / "checkpoints" / f"epoch_{latest}.pt"
+    try:
+        payload = torch.load(path, weights_only=False)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0][:200]}") from e
+    ts = twin.init_state(config, seed)
+    ts.load_state_dict(payload["state"])
+    return workload, config, payload["meta"], lambda data, n=None: twin.evaluate(
+        _with_n(config, n), ts, data, torch_loop.stream_seed(seed, "eval"))
+
+
+def _with_n(config, n):
+    import dataclasses
+
+    return config if n is None else dataclasses.replace(config, n_eval=n)
+
+
+def run(args) -> int:
+    workload, config, info, evaluate = load_trained(args.workload, args.workdir)
+    data = workload.load_data(config, None, None)
+    quality, _ = evaluate(data)
+    print(json.dumps({"workdir": args.workdir, "epochs_done": info.get("epochs_done"), "quality": quality}))
+    return 0

@@ -1,0 +1,39 @@
+"""flaxport train WORKLOAD [--framework jax|torch] [--runner step|scan] ..."""
+from __future__ import annotations
+
+import json
+
+from flaxport.cli import common
+from flaxport.harness.metrics import info
+
+
+def add_parser(sub):
+    p = sub.add_parser("train", help="train a workload in one framework")
+    common.add_train_flags(p)
+    p.add_argument("--framework", default="jax", choices=common.FRAMEWORKS)
+    p.add_argument("--runner", default=None, choices=("step", "scan"), help="jax: jit per step or scan-fused epoch")
+    p.add_argument("--torch-variant", default="eager", choices=("eager", "tuned"), help="torch: the seed's loop or tuned")
+    p.add_argument("--resume", action="store_true", help="continue from the workdir's newest checkpoint")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    workload, config = common.workload_and_config(args)
+    workdir = args.workdir or common.default_workdir(workload.name, args.framework, config.variant)
+    data = common.load_data(workload, config, args)
+    info(f"{workload.name}: training {args.framework} on {data.name} ({config.variant} config) in {workdir}")
+    if args.framework == "jax":
+        from flaxport.harness import loop
+
+        result = loop.train(workload, config, workdir=workdir, seed=args.seed, epochs=args.epochs,
+                            runner=args.runner, resume=args.resume, data=data, progress=not args.no_progress)
+    else:
+        from flaxport.harness import torch_loop
+
+        options = torch_loop.TUNED if args.torch_variant == "tuned" else torch_loop.EAGER
+        result = torch_loop.train(workload, config, workdir=workdir, seed=args.seed, epochs=args.epochs,
+                                  resume=args.resume, data=data, options=options, progress=not args.no_progress)
+    print(json.dumps({"workdir": str(workdir), "name": result.name, "quality": result.quality,
+                      "epoch_seconds": [round(s, 4) for s in result.epoch_seconds],
+                      "compile_seconds": round(result.compile_seconds, 4)}))
+    return 0

@@ -1,0 +1,1 @@
+"""The Flax training machinery every workload shares."""

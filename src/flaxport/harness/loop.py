@@ -1,0 +1,119 @@
+"""The one Flax training loop: epochs, evaluation, checkpoints, metrics, progress.
+
+Every workload runs through `train`; it talks only to the Workload record.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from flaxport.errors import TrainingDiverged, UserError
+from flaxport.harness import rng
+from flaxport.harness.checkpoint import Checkpointer
+from flaxport.harness.epoch import first_nonfinite, make_runner
+from flaxport.harness.metrics import MetricsWriter, console_line, info
+from flaxport.harness.progress import EpochProgress
+from flaxport.harness.workdir import prepare
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a run leaves besides its workdir; `compare` builds its report from these."""
+
+    name: str
+    framework: str
+    epoch_seconds: list  # wall time of every epoch run here, first one included
+    compile_seconds: float  # ahead-of-time compile (jax); 0 for eager torch
+    quality: dict
+    history: list
+    state: Any = None
+    artifacts: dict = dataclasses.field(default_factory=dict)
+
+
+def _has_orbax_checkpoint(workdir: Path) -> bool:
+    ckpt = workdir / "checkpoints"
+    return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+
+
+def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None, runner: str | None = None,
+          resume: bool = False, data=None, checkpoints: bool = True, progress: bool = True,
+          name: str | None = None, quiet: bool = False) -> RunResult:
+    """Train `workload` in Flax for `epochs` (default config.epochs) and return a RunResult.
+
+    data: a flaxport.data.Dataset (loaded by the caller, so a comparison shares one).
+    runner: "step" (jit per step) or "scan" (scan-fused epoch); default config.runner.
+    """
+    epochs = config.epochs if epochs is None else epochs
+    runner_kind = runner or config.runner
+    name = name or f"jax-{runner_kind}"
+    identity = {"workload": workload.name, "framework": "jax"}
+    workdir = prepare(workdir, identity, {**dataclasses.asdict(config), "seed": seed, "runner": runner_kind},
+                      resume, _has_orbax_checkpoint)
+    keys = rng.streams(seed)
+    state = workload.init_state(config, keys["init"])
+    meta = {**identity, "variant": config.variant, "seed": seed}
+
+    ckpt = Checkpointer(workdir / "checkpoints") if checkpoints else None
+    start = 0
+    if resume and ckpt is not None and ckpt.latest() is not None:
+        state, saved = ckpt.restore(state, meta)
+        start = int(saved["epochs_done"])
+        if not quiet:
+            info(f"resuming {workload.name} from epoch {start} in {workdir}")
+    if start >= epochs and not quiet:
+        info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
+    writer = MetricsWriter(workdir, resume_from_epoch=start if start else None)
+
+    train_dev = jax.device_put(data.train)
+    n = len(next(iter(data.train.values())))
+    steps = n // config.batch_size
+    if steps == 0:
+        raise UserError(f"{data.name} has {n} samples, fewer than one batch of {config.batch_size}")
+    run = make_runner(runner_kind, workload.make_train_step(config), config.batch_size, steps,
+                      getattr(config, "scan_unroll", 1))
+    compile_seconds = run.compile(state, train_dev, keys) if start < epochs else 0.0
+
+    epoch_seconds, history, quality, artifacts = [], [], {}, {}
+    bar = EpochProgress(steps, enabled=progress and not quiet)
+    try:
+        for epoch in range(start, epochs):
+            bar.start(epoch + 1, epochs)
+            t0 = time.perf_counter()
+            state, step_metrics = run.run_epoch(state, train_dev, keys, epoch, on_step=bar.advance)
+            seconds = time.perf_counter() - t0 + (compile_seconds if epoch == start else 0.0)
+            bad = first_nonfinite(step_metrics)
+            if bad is not None:
+                bar.close()
+                last = f"epoch {epoch}" if epoch else "none"
+                raise TrainingDiverged(
+                    f"loss became NaN/inf at step {epoch * steps + bad + 1} (epoch {epoch + 1}); "
+                    f"training stopped, last good checkpoint: {last} in {workdir / 'checkpoints'}"
+                )
+            train_means = {k: float(np.mean(v)) for k, v in step_metrics.items()}
+            bar.finish(train_means, steps / (seconds - (compile_seconds if epoch == start else 0.0)))
+            quality, artifacts = workload.evaluate(config, state, data, rng.at(keys["eval"], 0))
+            record = {"epoch": epoch + 1, "train": train_means, "quality": quality, "epoch_seconds": seconds,
+                      "steps": steps}
+            if epoch == start:
+                record["compile_seconds"] = compile_seconds
+            writer.write(record)
+            history.append(record)
+            epoch_seconds.append(seconds)
+            if not quiet:
+                info(console_line(record))
+            if ckpt is not None:
+                ckpt.save(epoch + 1, state, {**meta, "epochs_done": epoch + 1})
+    finally:
+        bar.close()
+        writer.close()
+        if ckpt is not None:
+            ckpt.close()
+    if not history:  # nothing trained (resumed a finished run): still report its quality
+        quality, artifacts = workload.evaluate(config, state, data, rng.at(keys["eval"], 0))
+    workload.write_pictures(workdir, data, artifacts, f"{workload.name} {name}, epoch {max(start, epochs)}")
+    return RunResult(name, "jax", epoch_seconds, compile_seconds, quality, history, state, artifacts)

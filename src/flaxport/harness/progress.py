@@ -1,0 +1,33 @@
+"""A progress bar per epoch (tqdm on stderr) with the loss and steps/s."""
+from __future__ import annotations
+
+import sys
+
+
+class EpochProgress:
+    def __init__(self, steps: int, enabled: bool = True):
+        self.steps = steps
+        self.enabled = enabled and sys.stderr.isatty()
+        self._bar = None
+
+    def start(self, epoch: int, epochs: int):
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=self.steps, desc=f"epoch {epoch}/{epochs}", unit="step", leave=False,
+                         dynamic_ncols=True, file=sys.stderr)
+
+    def advance(self, n: int, _metrics=None):
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def finish(self, means: dict, steps_per_second: float):
+        if self._bar is not None:
+            self._bar.set_postfix({**{k: f"{v:.4f}" for k, v in means.items()}, "steps/s": f"{steps_per_second:.0f}"})
+            self._bar.refresh()
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,172 @@
+"""The PyTorch twin of loop.py: same workdir files, same metrics, same RunResult.
+
+`TorchOptions` says how the loop runs, so one loop gives both baselines of a comparison:
+  torch-eager: the seed article's way (per-step NumPy -> tensor, `.item()` every step,
+               foreach Adam);
+  torch-tuned: PyTorch at its best on a CPU (data converted once, fused Adam,
+               zero_grad(set_to_none=True), no per-step sync, threads tuned).
+Randomness is seeded per (seed, stream, epoch), so a resumed run is exact here too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from flaxport.errors import TrainingDiverged, UserError
+from flaxport.harness.epoch import first_nonfinite
+from flaxport.harness.loop import RunResult
+from flaxport.harness.metrics import MetricsWriter, console_line, info
+from flaxport.harness.progress import EpochProgress
+from flaxport.harness.workdir import prepare
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchOptions:
+    name: str = "torch-eager"
+    fused: bool = False  # fused Adam kernel
+    set_to_none: bool = True  # zero_grad(set_to_none=...)
+    sync_each_step: bool = True  # .item() on the losses every step, as the seed does
+    preload: bool = False  # data as one tensor, indexed per step (vs NumPy -> tensor per step)
+    threads: int | None = None  # torch.set_num_threads for the run
+    compile: bool = False  # torch.compile the models
+
+
+EAGER = TorchOptions()
+TUNED = TorchOptions("torch-tuned", fused=True, set_to_none=True, sync_each_step=False, preload=True, threads=1)
+
+
+def stream_seed(seed: int, name: str, counter: int = 0) -> int:
+    """A 63-bit seed for torch/NumPy generators from (seed, stream name, counter)."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode()) * 7919 + counter) % (2**63 - 1)
+
+
+def _ckpt_dir(workdir: Path) -> Path:
+    return Path(workdir) / "checkpoints"
+
+
+def _latest(workdir: Path):
+    d = _ckpt_dir(workdir)
+    if not d.is_dir():
+        return None
+    done = [int(p.stem.split("_")[1]) for p in d.glob("epoch_*.pt") if p.stem.split("_")[1].isdigit()]
+    return max(done) if done else None
+
+
+def _save(torch, workdir: Path, epochs_done: int, payload: dict, keep: int = 3):
+    d = _ckpt_dir(workdir)
+    d.mkdir(exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".epoch_")
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, d / f"epoch_{epochs_done}.pt")
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"cannot write checkpoint in {d}: {e.strerror or e}") from e
+    for p in sorted(d.glob("epoch_*.pt"), key=lambda p: int(p.stem.split("_")[1]))[:-keep]:
+        p.unlink()
+
+
+def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None, resume: bool = False,
+          data=None, options: TorchOptions = EAGER, checkpoints: bool = True, progress: bool = True,
+          quiet: bool = False) -> RunResult:
+    """Train the PyTorch twin of `workload`; same files and result shape as loop.train."""
+    import torch
+
+    twin = importlib.import_module(workload.torch_twin)
+    epochs = config.epochs if epochs is None else epochs
+    identity = {"workload": workload.name, "framework": "torch"}
+    workdir = prepare(workdir, identity, {**dataclasses.asdict(config), "seed": seed, "torch": dataclasses.asdict(options)},
+                      resume, lambda w: _latest(w) is not None)
+    old_threads = torch.get_num_threads()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    try:
+        ts = twin.init_state(config, seed, fused=options.fused, set_to_none=options.set_to_none)
+        meta = {**identity, "variant": config.variant, "seed": seed}
+        start = 0
+        if resume and _latest(workdir) is not None:
+            start = _latest(workdir)
+            path = _ckpt_dir(workdir) / f"epoch_{start}.pt"
+            try:
+                payload = torch.load(path, weights_only=False)
+            except Exception as e:  # noqa: BLE001 - torch.load raises many types for a bad file
+                raise UserError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0][:200]}") from e
+            for k, want in meta.items():
+                if payload["meta"].get(k) != want:
+                    raise UserError(f"checkpoint {path} is from {k}={payload['meta'].get(k)!r}, not {want!r}")
+            ts.load_state_dict(payload["state"])
+            if not quiet:
+                info(f"resuming {workload.name} (torch) from epoch {start} in {workdir}")
+        if options.compile:
+            twin.compile_models(ts)
+        writer = MetricsWriter(workdir, resume_from_epoch=start if start else None)
+
+        arrays = data.train
+        n = len(next(iter(arrays.values())))
+        bs = config.batch_size
+        steps = n // bs
+        if steps == 0:
+            raise UserError(f"{data.name} has {n} samples, fewer than one batch of {bs}")
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()} if options.preload else None
+        bar = EpochProgress(steps, enabled=progress and not quiet)
+        epoch_seconds, history, quality, artifacts = [], [], {}, {}
+        try:
+            for epoch in range(start, epochs):
+                bar.start(epoch + 1, epochs)
+                t0 = time.perf_counter()
+                perm = np.random.default_rng(stream_seed(seed, "data", epoch)).permutation(n)
+                gen = torch.Generator().manual_seed(stream_seed(seed, "train", epoch))
+                per_step = []
+                if options.preload:
+                    perm_t = torch.from_numpy(perm)
+                for i in range(steps):
+                    if options.preload:
+                        idx = perm_t[i * bs:(i + 1) * bs]
+                        batch = {k: t[idx] for k, t in tensors.items()}
+                    else:
+                        idx = perm[i * bs:(i + 1) * bs]
+                        batch = {k: torch.from_numpy(v[idx]).float() for k, v in arrays.items()}
+                    m = twin.train_step(config, ts, batch, gen)
+                    per_step.append({k: v.item() for k, v in m.items()} if options.sync_each_step else m)
+                    if (i + 1) % 200 == 0:
+                        bar.advance(200)
+                if options.sync_each_step:
+                    step_metrics = {k: np.array([m[k] for m in per_step]) for k in per_step[0]}
+                else:
+                    step_metrics = {k: torch.stack([m[k] for m in per_step]).numpy() for k in per_step[0]}
+                seconds = time.perf_counter() - t0
+                bad = first_nonfinite(step_metrics)
+                if bad is not None:
+                    raise TrainingDiverged(
+                        f"loss became NaN/inf at step {epoch * steps + bad + 1} (epoch {epoch + 1}); training stopped, "
+                        f"last good checkpoint: {f'epoch {epoch}' if epoch else 'none'} in {_ckpt_dir(workdir)}"
+                    )
+                train_means = {k: float(np.mean(v)) for k, v in step_metrics.items()}
+                bar.finish(train_means, steps / seconds)
+                quality, artifacts = twin.evaluate(config, ts, data, stream_seed(seed, "eval"))
+                record = {"epoch": epoch + 1, "train": train_means, "quality": quality, "epoch_seconds": seconds,
+                          "steps": steps}
+                writer.write(record)
+                history.append(record)
+                epoch_seconds.append(seconds)
+                if not quiet:
+                    info(console_line(record))
+                if checkpoints:
+                    _save(torch, workdir, epoch + 1, {"state": ts.state_dict(), "meta": {**meta, "epochs_done": epoch + 1}})
+        finally:
+            bar.close()
+            writer.close()
+        if not history:
+            quality, artifacts = twin.evaluate(config, ts, data, stream_seed(seed, "eval"))
+        workload.write_pictures(workdir, data, artifacts, f"{workload.name} {options.name}, epoch {max(start, epochs)}")
+        return RunResult(options.name, "torch", epoch_seconds, 0.0, quality, history, ts, artifacts)
+    finally:
+        torch.set_num_threads(old_threads)

@@ -1,0 +1,67 @@
+"""name -> Workload record. The CLI and the loops talk only to this record.
+
+The table below is read without importing jax, so the CLI can set XLA flags first.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+from flaxport.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What a workload gives the harness.
+
+    get_config(variant) -> config dataclass (variants: default, smoke, bench, ...)
+    load_data(config, source, data_dir) -> flaxport.data.Dataset
+    init_state(config, key) -> Flax state pytree
+    make_train_step(config) -> train_step(state, batch, key) -> (state, {metric: scalar})
+    evaluate(config, state, data, key) -> (quality {name: number|list}, artifacts {name: array})
+    write_pictures(workdir, data, artifacts, label) -> [paths]
+    torch_twin: module path of the PyTorch twin (imported only when used)
+    checkpoint_metric: the quality key `compare` reports first
+    """
+
+    name: str
+    summary: str
+    get_config: Callable[[str], Any]
+    variants: tuple
+    data_sources: tuple
+    load_data: Callable
+    init_state: Callable
+    make_train_step: Callable
+    evaluate: Callable
+    write_pictures: Callable
+    torch_twin: str
+    loss_keys: tuple = ("loss",)
+
+
+# name: (package, one-line summary, prefers single-threaded XLA on CPU)
+_TABLE = {
+    "gan": ("flaxport.workloads.gan", "least-squares GAN, BatchNorm MLPs, 1-D two-mode mixture", True),
+}
+
+
+def names() -> list[str]:
+    return list(_TABLE)
+
+
+def summary(name: str) -> str:
+    return _TABLE[_check(name)][1]
+
+
+def prefers_single_thread(name: str) -> bool:
+    return _TABLE[_check(name)][2]
+
+
+def get(name: str) -> Workload:
+    return importlib.import_module(_TABLE[_check(name)][0]).WORKLOAD
+
+
+def _check(name: str) -> str:
+    if name not in _TABLE:
+        raise UserError(f"unknown workload {name!r}; choose one of: {', '.join(_TABLE)}")
+    return name
