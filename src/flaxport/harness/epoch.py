@@ -99,7 +99,7 @@ class StepRunner:
         self._compiled = None
 
     def _metric_buffers(self, state, batches, keys):
-        one = jax.tree_util.tree_map(lambda a: a[0], batches)
+        one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), batches)
         shapes = jax.eval_shape(self._train_step, state, one, keys["train"])[1]
         return {k: jnp.zeros((self.steps,) + s.shape, s.dtype) for k, s in shapes.items()}
 

@@ -62,7 +62,7 @@ def _latest(workdir: Path):
 def _save(torch, workdir: Path, epochs_done: int, payload: dict, keep: int = 3):
     d = _ckpt_dir(workdir)
     d.mkdir(exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".epoch_")
+    fd, tmp = tempfile.mkstemp(dir=d, prefix="tmp-epoch-", suffix=".pt")  # torch rejects dot-names
     os.close(fd)
     try:
         torch.save(payload, tmp)
