@@ -66,7 +66,7 @@ class Checkpointer:
                 raise UserError(
                     f"checkpoint {self.directory / str(step)} is from {k}={meta.get(k)!r}, not {want!r}"
                 )
-        abstract = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), target_state)
+        abstract = jax.eval_shape(lambda: target_state)  # plain ints (TrainState.step) become int32
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         except Exception as e:  # noqa: BLE001
