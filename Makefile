@@ -22,8 +22,7 @@ demo: setup
 	$(VENV)/bin/flaxport compare gan --epochs 3 --workdir runs/demo-gan
 
 test: setup
-	$(PY) -m pytest -q -m "not slow"
-	$(PY) -m pytest -q -m "slow"
+	$(PY) -m pytest -q --durations=10
 
 bench: setup
 	$(VENV)/bin/flaxport compare gan --epochs 10 --workdir runs/bench-gan

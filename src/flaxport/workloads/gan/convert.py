@@ -24,7 +24,10 @@ from __future__ import annotations
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+from flaxport.workloads.gan import step
 
 _KEY = re.compile(r"^net\.(\d+)\.(weight|bias|running_mean|running_var|num_batches_tracked)$")
 _BN_KEYS = ("weight", "bias", "running_mean", "running_var")
@@ -72,8 +75,10 @@ def torch_to_flax(state_dict, like=None) -> dict:
     for i in sorted(layers):
         layer, name = layers[i], f"net_{i}"
         w = layer.get("weight")
-        is_bn = any(k in layer for k in ("running_mean", "running_var", "num_batches_tracked")) or (
-            w is not None and w.ndim == 1)
+        if w is not None:  # a Linear weight is (out, in), a BatchNorm1d weight (C,)
+            is_bn = w.ndim == 1
+        else:
+            is_bn = any(k in layer for k in ("running_mean", "running_var", "num_batches_tracked"))
         need = _BN_KEYS if is_bn else _LINEAR_KEYS
         for k in need:
             if k not in layer:
@@ -151,7 +156,11 @@ def flax_to_torch(variables, num_batches_tracked: int = 0) -> dict:
 
 
 def torch_state_dicts(state) -> dict:
-    """GANState -> {"G": state_dict, "D": state_dict} (NumPy), counters carried (see top)."""
+    """GANState -> {"G": state_dict, "D": state_dict} (NumPy), counters carried (see top).
+
+    The counters count steps taken in Flax: a state from `state_from_torch` starts at
+    step 0 whatever the torch module's num_batches_tracked was.
+    """
     g_steps = int(state.g.step)
     return {
         "G": flax_to_torch({"params": state.g.params, "batch_stats": state.g.batch_stats}, g_steps),
@@ -164,18 +173,16 @@ def state_from_torch(config, torch_gan):
     """step_torch.TorchGAN -> step.GANState with its G/D weights and BatchNorm statistics.
 
     Optimizer states are fresh (Adam moments at zero, step 0): torch's Adam state is not
-    carried over. Shapes are checked against `step.init_state(config, ...)`.
+    carried over. Keys and shapes are checked against `step.init_state(config, ...)`
+    (traced with jax.eval_shape only: nothing is initialised). Values keep the torch
+    dtype (float64 modules need jax x64 enabled).
     """
-    import jax.numpy as jnp
-
-    from flaxport.workloads.gan import step
-
-    fresh = step.init_state(config, jax.random.key(0))
+    shapes = jax.eval_shape(lambda: step.init_state(config, jax.random.key(0)))
 
     def port(ts, module):
         v = torch_to_flax(module.state_dict(), like=ts.variables())
         params = jax.tree.map(jnp.asarray, v["params"])
         stats = jax.tree.map(jnp.asarray, v["batch_stats"])
-        return ts.replace(params=params, batch_stats=stats, opt_state=ts.tx.init(params))
+        return ts.replace(step=0, params=params, batch_stats=stats, opt_state=ts.tx.init(params))
 
-    return step.GANState(g=port(fresh.g, torch_gan.G), d=port(fresh.d, torch_gan.D))
+    return step.GANState(g=port(shapes.g, torch_gan.G), d=port(shapes.d, torch_gan.D))
