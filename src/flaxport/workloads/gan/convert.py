@@ -44,7 +44,7 @@ def _to_numpy(v) -> np.ndarray:
 
 def _torch_key(path) -> str:
     """Flax path ('params', 'net_3', 'kernel') -> torch key 'net.3.weight'."""
-    col, mod, name = path
+    _, mod, name = path
     idx = mod[len("net_"):]
     name = {"kernel": "weight", "scale": "weight", "mean": "running_mean", "var": "running_var"}.get(name, name)
     return f"net.{idx}.{name}"
@@ -116,10 +116,10 @@ def _check_like(variables, like) -> None:
     like = {c: like.get(c, {}) for c in ("params", "batch_stats")}
     got = {tuple(k.key for k in p): v for p, v in jax.tree_util.tree_leaves_with_path(variables)}
     want = {tuple(k.key for k in p): v for p, v in jax.tree_util.tree_leaves_with_path(like)}
-    for path in sorted(want.keys() - got.keys()):
-        raise ValueError(f"missing key {_torch_key(path)!r}")
-    for path in sorted(got.keys() - want.keys()):
-        raise ValueError(f"unexpected key {_torch_key(path)!r}")
+    if missing := sorted(want.keys() - got.keys()):
+        raise ValueError(f"missing key {_torch_key(missing[0])!r}")
+    if unexpected := sorted(got.keys() - want.keys()):
+        raise ValueError(f"unexpected key {_torch_key(unexpected[0])!r}")
     for path in sorted(want):
         if tuple(got[path].shape) != tuple(want[path].shape):
             shape = tuple(want[path].shape)
