@@ -20,9 +20,10 @@ the same, so the numbers are too.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from functools import partial
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,8 @@ from jax import lax
 from flaxport.harness import rng
 
 
-class NoisyStep(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class NoisyStep:
     """A train step split into its random draw and its deterministic update."""
 
     noise: Callable  # key -> noise pytree
