@@ -51,12 +51,14 @@ def test_user_errors_are_one_line(cli, args, needles):
     _one_line_error(cli(*args), *needles)
 
 
+@pytest.mark.slow
 def test_unwritable_workdir(cli, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     _one_line_error(cli("train", "gan", "--config", "smoke", "--workdir", blocker / "run"), "not writable")
 
 
+@pytest.mark.slow
 def test_train_writes_its_files_then_refuses_another_workload_and_resumes(cli, tmp_path):
     run = tmp_path / "gan"
     proc = cli("train", "gan", "--config", "smoke", "--epochs", "1", "--workdir", run, "--no-progress")
@@ -94,6 +96,7 @@ def test_train_writes_its_files_then_refuses_another_workload_and_resumes(cli, t
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_workload_is_refused(cli, tmp_path):
     run = tmp_path / "gan"
     assert cli("train", "gan", "--config", "smoke", "--epochs", "1", "--workdir", run).returncode == 0
@@ -104,6 +107,7 @@ def test_a_checkpoint_of_another_workload_is_refused(cli, tmp_path):
     assert (run / "checkpoints" / "1").exists()
 
 
+@pytest.mark.slow
 def test_nan_loss_exits_nonzero_with_one_line(cli, tmp_path):
     proc = cli("train", "gan", "--config", "smoke", "--set", "g_lr=1e38", "--set", "d_lr=1e38",
                "--workdir", tmp_path / "nan")

@@ -22,6 +22,7 @@ def _train(tmp_path, name, **kw):
     return loop.train(GAN, SMOKE, workdir=tmp_path / name, data=data, progress=False, quiet=True, **kw)
 
 
+@pytest.mark.slow
 def test_step_and_scan_runners_give_the_same_numbers(tmp_path):
     scan = _train(tmp_path, "scan", runner="scan", checkpoints=False)
     step = _train(tmp_path, "step", runner="step", checkpoints=False)
@@ -30,6 +31,7 @@ def test_step_and_scan_runners_give_the_same_numbers(tmp_path):
     assert [h["train"] for h in scan.history] == [h["train"] for h in step.history]
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     full = _train(tmp_path, "full", epochs=3)
     _train(tmp_path, "cut", epochs=1)
@@ -41,12 +43,14 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert len(lines) == 3  # epoch 1 from the first run, 2 and 3 from the resumed one
 
 
+@pytest.mark.slow
 def test_a_workdir_with_checkpoints_is_not_overwritten_without_resume(tmp_path):
     _train(tmp_path, "run", epochs=1)
     with pytest.raises(UserError, match="--resume"):
         _train(tmp_path, "run", epochs=1)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     _train(tmp_path, "run", epochs=1)
     # Poison one sample so that it lands in batch `nan_at` of the resumed epoch 2.
