@@ -12,7 +12,8 @@ def add_parser(sub):
     common.add_train_flags(p)
     p.add_argument("--framework", default="jax", choices=common.FRAMEWORKS)
     p.add_argument("--runner", default=None, choices=("step", "scan"), help="jax: jit per step or scan-fused epoch")
-    p.add_argument("--torch-variant", default="eager", choices=("eager", "tuned"), help="torch: the seed's loop or tuned")
+    p.add_argument("--torch-variant", default="eager", choices=("eager", "tuned", "compiled"),
+                   help="torch: the seed's loop, tuned for CPU, or tuned + torch.compile")
     p.add_argument("--resume", action="store_true", help="continue from the workdir's newest checkpoint")
     p.set_defaults(run=run)
 
@@ -30,7 +31,7 @@ def run(args) -> int:
     else:
         from flaxport.harness import torch_loop
 
-        options = torch_loop.TUNED if args.torch_variant == "tuned" else torch_loop.EAGER
+        options = torch_loop.VARIANTS[args.torch_variant]
         result = torch_loop.train(workload, config, workdir=workdir, seed=args.seed, epochs=args.epochs,
                                   resume=args.resume, data=data, options=options, progress=not args.no_progress)
     print(json.dumps({"workdir": str(workdir), "name": result.name, "quality": result.quality,

@@ -40,6 +40,8 @@ class TorchOptions:
 
 EAGER = TorchOptions()
 TUNED = TorchOptions("torch-tuned", fused=True, set_to_none=True, sync_each_step=False, preload=True, threads=1)
+COMPILED = dataclasses.replace(TUNED, name="torch-compiled", compile=True)
+VARIANTS = {"eager": EAGER, "tuned": TUNED, "compiled": COMPILED}
 
 
 def stream_seed(seed: int, name: str, counter: int = 0) -> int:
