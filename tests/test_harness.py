@@ -85,3 +85,21 @@ def test_epoch_batches_is_a_permutation_without_the_partial_batch():
     assert len(set(np.asarray(b).ravel().tolist())) == 20
     b2 = epoch_batches({"x": x}, rng.stream(0, "data"), 1, 5, 4)["x"]
     assert not np.array_equal(np.asarray(b), np.asarray(b2))  # reshuffled every epoch
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_torch_loop_resume_is_exact_too(tmp_path):
+    pytest.importorskip("torch")
+    from flaxport.harness import torch_loop
+
+    data = GAN.load_data(SMOKE)
+    kw = dict(data=data, progress=False, quiet=True, options=torch_loop.TUNED)
+    full = torch_loop.train(GAN, SMOKE, workdir=tmp_path / "full", epochs=2, **kw)
+    torch_loop.train(GAN, SMOKE, workdir=tmp_path / "cut", epochs=1, **kw)
+    resumed = torch_loop.train(GAN, SMOKE, workdir=tmp_path / "cut", epochs=2, resume=True, **kw)
+    a, b = full.state.state_dict(), resumed.state.state_dict()
+    for net in ("G", "D"):
+        for k, v in a[net].items():
+            assert (v == b[net][k]).all(), k
+    assert full.history[-1]["train"] == resumed.history[-1]["train"]

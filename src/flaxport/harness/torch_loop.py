@@ -34,12 +34,12 @@ class TorchOptions:
     set_to_none: bool = True  # zero_grad(set_to_none=...)
     sync_each_step: bool = True  # .item() on the losses every step, as the seed does
     preload: bool = False  # data as one tensor, indexed per step (vs NumPy -> tensor per step)
-    threads: int | None = None  # torch.set_num_threads for the run
+    threads: int | str | None = None  # torch.set_num_threads for the run; "auto" measures
     compile: bool = False  # torch.compile the models
 
 
 EAGER = TorchOptions()
-TUNED = TorchOptions("torch-tuned", fused=True, set_to_none=True, sync_each_step=False, preload=True, threads=1)
+TUNED = TorchOptions("torch-tuned", fused=True, set_to_none=True, sync_each_step=False, preload=True, threads="auto")
 COMPILED = dataclasses.replace(TUNED, name="torch-compiled", compile=True)
 VARIANTS = {"eager": EAGER, "tuned": TUNED, "compiled": COMPILED}
 
@@ -47,6 +47,27 @@ VARIANTS = {"eager": EAGER, "tuned": TUNED, "compiled": COMPILED}
 def stream_seed(seed: int, name: str, counter: int = 0) -> int:
     """A 63-bit seed for torch/NumPy generators from (seed, stream name, counter)."""
     return (seed * 1_000_003 + zlib.crc32(name.encode()) * 7919 + counter) % (2**63 - 1)
+
+
+def tune_threads(torch, twin, config, ts, batch, candidates=None, steps: int = 30) -> int:
+    """The fastest torch thread count for this step, timed on a throwaway copy of `ts`."""
+    import copy
+
+    candidates = candidates or sorted({1, max(1, (os.cpu_count() or 1) // 2), os.cpu_count() or 1})
+    best, best_seconds = candidates[0], float("inf")
+    for n in candidates:
+        torch.set_num_threads(n)
+        scratch = copy.deepcopy(ts)
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(5):  # warm-up: allocator, first-call paths
+            twin.train_step(config, scratch, batch, gen)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            twin.train_step(config, scratch, batch, gen)
+        seconds = time.perf_counter() - t0
+        if seconds < best_seconds:
+            best, best_seconds = n, seconds
+    return best
 
 
 def _ckpt_dir(workdir: Path) -> Path:
@@ -88,10 +109,17 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
     workdir = prepare(workdir, identity, {**dataclasses.asdict(config), "seed": seed, "torch": dataclasses.asdict(options)},
                       resume, lambda w: _latest(w) is not None)
     old_threads = torch.get_num_threads()
-    if options.threads:
-        torch.set_num_threads(options.threads)
     try:
         ts = twin.init_state(config, seed, fused=options.fused, set_to_none=options.set_to_none)
+        if options.threads == "auto":
+            first = {k: torch.from_numpy(np.ascontiguousarray(v[: config.batch_size])) for k, v in data.train.items()}
+            threads = tune_threads(torch, twin, config, ts, first)
+            if not quiet:
+                info(f"{options.name}: {threads} torch thread(s) measured fastest")
+        else:
+            threads = options.threads
+        if threads:
+            torch.set_num_threads(threads)
         meta = {**identity, "variant": config.variant, "seed": seed}
         start = 0
         if resume and _latest(workdir) is not None:
@@ -169,6 +197,8 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         if not history:
             quality, artifacts = twin.evaluate(config, ts, data, stream_seed(seed, "eval"))
         workload.write_pictures(workdir, data, artifacts, f"{workload.name} {options.name}, epoch {max(start, epochs)}")
-        return RunResult(options.name, "torch", epoch_seconds, 0.0, quality, history, ts, artifacts)
+        result = RunResult(options.name, "torch", epoch_seconds, 0.0, quality, history, ts, artifacts)
+        result.threads = torch.get_num_threads()
+        return result
     finally:
         torch.set_num_threads(old_threads)
