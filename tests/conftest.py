@@ -4,8 +4,10 @@ import sys
 
 import pytest
 
-# Tests run single-threaded XLA like the CLI does for the GAN; set before jax loads.
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+# Tests run XLA:CPU tuned as the CLI runs the GAN (single-threaded); before JAX starts.
+from flaxport.harness.cpu import tune_for_tiny_models  # noqa: E402
+
+tune_for_tiny_models()
 
 
 def run_cli(*args, cwd=None, env=None):

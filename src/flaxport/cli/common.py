@@ -30,20 +30,13 @@ def add_train_flags(p, epochs_default=None):
 
 
 def setup_jax(workload_name: str) -> None:
-    """Process-wide JAX settings; must run before jax is imported.
-
-    Tiny models (the GAN) run fastest with single-threaded XLA on CPU: the per-op
-    thread hand-off costs more than the arithmetic. They also draw their noise ~1.5x
-    faster with the non-partitionable threefry lowering (same keys, other bits; it only
-    matters for sharded random arrays). Settings made by the user win.
-    """
+    """Process-wide JAX settings for the workload; must run before JAX starts."""
     from flaxport.workloads import registry
 
     if registry.prefers_single_thread(workload_name):
-        flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_cpu_multi_thread_eigen" not in flags:
-            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
-        os.environ.setdefault("JAX_THREEFRY_PARTITIONABLE", "0")
+        from flaxport.harness.cpu import tune_for_tiny_models
+
+        tune_for_tiny_models()
 
 
 def workload_and_config(args):
