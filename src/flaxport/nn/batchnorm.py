@@ -11,11 +11,56 @@ parity (see docs and ../shared/notes/porting-pitfalls.md):
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from jax import lax
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def batch_norm_train(x, scale, bias, epsilon):
+    """Train-mode batch norm over all axes but the last: (y, batch mean, biased batch var).
+
+    Gradients use the closed form torch's native_batch_norm_backward uses,
+        dx = invstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
+    two per-channel reductions instead of the four or five autodiff derives from the
+    two-pass statistics: fewer kernels per step, and torch's own arithmetic. The batch
+    statistics are outputs for the running averages only; no gradient flows through them.
+    """
+    return _bn_forward(x, scale, bias, epsilon)[0]
+
+
+def _bn_forward(x, scale, bias, epsilon):
+    axes = tuple(range(x.ndim - 1))
+    mean = jnp.mean(x, axis=axes)
+    centered = x - mean
+    # Two-pass variance, as torch computes it: E[(x-mean)^2], not E[x^2]-E[x]^2.
+    var = jnp.mean(jnp.square(centered), axis=axes)
+    invstd = lax.rsqrt(var + epsilon)
+    xhat = centered * invstd
+    return (xhat * scale + bias, mean, var), (xhat, invstd, scale)
+
+
+def _bn_fwd(x, scale, bias, epsilon):
+    out, res = _bn_forward(x, scale, bias, epsilon)
+    return out, res
+
+
+def _bn_bwd(epsilon, res, cotangents):
+    xhat, invstd, scale = res
+    dy = cotangents[0]  # cotangents of mean/var are ignored: they feed running stats only
+    axes = tuple(range(dy.ndim - 1))
+    dbias = jnp.sum(dy, axis=axes)
+    dscale = jnp.sum(dy * xhat, axis=axes)
+    n = dy.size // dy.shape[-1]
+    dx = (invstd * scale) * (dy - dbias / n - xhat * (dscale / n))
+    return dx, dscale, dbias
+
+
+batch_norm_train.defvjp(_bn_fwd, _bn_bwd)
 
 
 class BatchNorm(nn.Module):
@@ -41,27 +86,22 @@ class BatchNorm(nn.Module):
     def __call__(self, x, use_running_average: Optional[bool] = None):
         use_ra = nn.merge_param("use_running_average", self.use_running_average, use_running_average)
         features = x.shape[-1]
-        reduce_axes = tuple(range(x.ndim - 1))
         ra_mean = self.variable("batch_stats", "mean", jnp.zeros, (features,), jnp.float32)
         ra_var = self.variable("batch_stats", "var", jnp.ones, (features,), jnp.float32)
 
+        scale = (self.param("scale", nn.initializers.ones, (features,), jnp.float32) if self.use_scale
+                 else jnp.ones((features,), x.dtype))
+        bias = (self.param("bias", nn.initializers.zeros, (features,), jnp.float32) if self.use_bias
+                else jnp.zeros((features,), x.dtype))
         if use_ra:
-            mean, var = ra_mean.value, ra_var.value
-        else:
-            n = x.size // features
-            if n < 2:
-                raise ValueError(f"BatchNorm in train mode needs more than 1 value per channel, got {x.shape}")
-            mean = jnp.mean(x, axis=reduce_axes)
-            # Two-pass variance, as torch computes it: E[(x-mean)^2], not E[x^2]-E[x]^2.
-            var = jnp.mean(jnp.square(x - mean), axis=reduce_axes)
-            if not self.is_initializing():
-                m = self.momentum
-                ra_mean.value = (1.0 - m) * ra_mean.value + m * mean
-                ra_var.value = (1.0 - m) * ra_var.value + m * var * (n / (n - 1))
-
-        y = (x - mean) * lax.rsqrt(var + self.epsilon)
-        if self.use_scale:
-            y = y * self.param("scale", nn.initializers.ones, (features,), jnp.float32)
-        if self.use_bias:
-            y = y + self.param("bias", nn.initializers.zeros, (features,), jnp.float32)
+            return (x - ra_mean.value) * lax.rsqrt(ra_var.value + self.epsilon) * scale + bias
+        n = x.size // features
+        if n < 2:
+            raise ValueError(f"BatchNorm in train mode needs more than 1 value per channel, got {x.shape}")
+        y, mean, var = batch_norm_train(x, scale, bias, self.epsilon)
+        if not self.is_initializing():
+            m = self.momentum
+            mean, var = lax.stop_gradient(mean), lax.stop_gradient(var)
+            ra_mean.value = (1.0 - m) * ra_mean.value + m * mean
+            ra_var.value = (1.0 - m) * ra_var.value + m * var * (n / (n - 1))
         return y
