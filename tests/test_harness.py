@@ -103,3 +103,4 @@ def test_torch_loop_resume_is_exact_too(tmp_path):
         for k, v in a[net].items():
             assert (v == b[net][k]).all(), k
     assert full.history[-1]["train"] == resumed.history[-1]["train"]
+

@@ -32,7 +32,10 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
         try:
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            self._manager = ocp.CheckpointManager(
+                self.directory, options=options,
+                item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
+            )
         except OSError as e:
             raise UserError(f"cannot create checkpoint directory {self.directory}: {e.strerror or e}") from e
 
@@ -67,6 +70,22 @@ class Checkpointer:
                     f"checkpoint {self.directory / str(step)} is from {k}={meta.get(k)!r}, not {want!r}"
                 )
         abstract = jax.eval_shape(lambda: target_state)  # plain ints (TrainState.step) become int32
+        # Compare shapes before restoring: a failed Orbax restore leaves tensorstore
+        # callbacks behind that print tracebacks at exit, and says less than this does.
+        try:
+            stored = _shapes(self._manager.item_metadata(step)["state"])
+        except Exception as e:  # noqa: BLE001
+            raise UserError(f"checkpoint {self.directory / str(step)} is unreadable: {_short(e)}") from e
+        wanted = _shapes(abstract)
+        for path in sorted(wanted.keys() | stored.keys()):
+            if path not in stored:
+                raise UserError(f"checkpoint {self.directory / str(step)} does not fit this run's state: no {path}")
+            if path not in wanted:
+                raise UserError(f"checkpoint {self.directory / str(step)} does not fit this run's state: "
+                                f"unexpected {path}")
+            if stored[path] != wanted[path]:
+                raise UserError(f"checkpoint {self.directory / str(step)} does not fit this run's state: {path} "
+                                f"is {stored[path]} there, {wanted[path]} here")
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         except Exception as e:  # noqa: BLE001
@@ -75,6 +94,16 @@ class Checkpointer:
 
     def close(self):
         self._manager.close()
+
+
+def _shapes(tree) -> dict:
+    """{'g.params.net_0.kernel': (512, 64), ...} for arrays or Orbax array metadata."""
+
+    def name(k):
+        return str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k))))
+
+    return {".".join(name(k) for k in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def _short(e: Exception) -> str:

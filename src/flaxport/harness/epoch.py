@@ -12,15 +12,9 @@ batches and keys and produce the same numbers:
 `ScanRunner` compiles the whole epoch into one `lax.scan`, with the state donated and
 no host sync until the epoch ends.
 
-A step may come split as `NoisyStep(noise, step)`: `noise(key)` draws the step's random
-inputs and `step(state, batch, noise)` uses them. The scan runner then draws the whole
-epoch's noise in one vectorised call before the loop (threefry in 2000 small kernels
-costs ~1.5x more on CPU than in one); the step runner draws it per step. The keys are
-the same, so the numbers are too.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from functools import partial
@@ -32,17 +26,6 @@ import numpy as np
 from jax import lax
 
 from flaxport.harness import rng
-
-
-@dataclasses.dataclass(frozen=True)
-class NoisyStep:
-    """A train step split into its random draw and its deterministic update."""
-
-    noise: Callable  # key -> noise pytree
-    step: Callable  # (state, batch, noise) -> (state, metrics)
-
-    def __call__(self, state, batch, key):
-        return self.step(state, batch, self.noise(key))
 
 
 def epoch_batches(data: dict, data_key, epoch, batch_size: int, steps: int) -> dict:
@@ -59,17 +42,15 @@ def step_key(train_key, epoch, i, steps: int):
 
 def _scan_epoch(train_step, batch_size, steps, unroll, state, data, keys, epoch):
     batches = epoch_batches(data, keys["data"], epoch, batch_size, steps)
+    # The step's random draws stay inside the loop body: drawing an epoch's noise up
+    # front (vmapped over the step keys) measured 25% slower per GAN epoch on this CPU.
     step_keys = jax.vmap(lambda i: step_key(keys["train"], epoch, i, steps))(jnp.arange(steps))
-    if isinstance(train_step, NoisyStep):
-        step_inputs, step_fn = jax.vmap(train_step.noise)(step_keys), train_step.step
-    else:
-        step_inputs, step_fn = step_keys, train_step
 
     def body(state, xs):
-        batch, rand = xs
-        return step_fn(state, batch, rand)
+        batch, key = xs
+        return train_step(state, batch, key)
 
-    return lax.scan(body, state, (batches, step_inputs), unroll=unroll)
+    return lax.scan(body, state, (batches, step_keys), unroll=unroll)
 
 
 class Packer:

@@ -24,3 +24,4 @@ def streams(seed: int, names=("init", "data", "train", "eval")) -> dict:
 def at(key: jax.Array, counter) -> jax.Array:
     """The key for step/epoch `counter` of a stream (counter may be traced)."""
     return jax.random.fold_in(key, counter)
+

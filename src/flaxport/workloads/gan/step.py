@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from flaxport.harness.epoch import NoisyStep
 from flaxport.harness.train_state import TrainState
 from flaxport.workloads.gan import model
 
@@ -79,23 +78,18 @@ def d_step(state: GANState, x, target: float):
     return state.replace(d=d), loss, grads
 
 
-def make_train_step(config) -> NoisyStep:
-    """train_step(state, batch {'x': (B, 1)}, key) -> (state, {'g_loss', 'd_loss'}).
+def make_train_step(config):
+    """train_step(state, batch {'x': (B, 1)}, key) -> (state, {'g_loss', 'd_loss'})."""
 
-    Split as NoisyStep(noise, step) so the scan runner can draw an epoch's z at once.
-    """
-
-    def noise(key):
-        return jax.random.normal(key, (config.batch_size, config.z_dim))  # one z per data sample
-
-    def train_step(state: GANState, batch, z):
+    def train_step(state: GANState, batch, key):
         real = batch["x"]
+        z = jax.random.normal(key, (real.shape[0], config.z_dim))  # one z per data sample
         state, g_loss, fake, _ = g_step(state, z)
         state, d_loss_real, _ = d_step(state, real, 1.0)
         state, d_loss_fake, _ = d_step(state, jax.lax.stop_gradient(fake), 0.0)
         return state, {"g_loss": g_loss, "d_loss": (d_loss_real + d_loss_fake) / 2}
 
-    return NoisyStep(noise, train_step)
+    return train_step
 
 
 def generate(state: GANState, z):
