@@ -11,11 +11,9 @@ batches and keys and produce the same numbers:
 (the batch is indexed inside the jitted function: an eager slice costs ~0.3 ms).
 `ScanRunner` compiles the whole epoch into one `lax.scan`, with the state donated and
 no host sync until the epoch ends.
-
 """
 from __future__ import annotations
 
-import math
 import time
 from functools import partial
 from typing import Callable
@@ -53,42 +51,13 @@ def _scan_epoch(train_step, batch_size, steps, unroll, state, data, keys, epoch)
     return lax.scan(body, state, (batches, step_keys), unroll=unroll)
 
 
-class Packer:
-    """A pytree <-> one flat buffer per dtype, exactly (concatenate / slice + reshape).
-
-    Calling a jitted function costs Python time per argument leaf (~4 us here); the GAN
-    state has 36 leaves. The step runner keeps the state packed between calls so each
-    call passes a handful of buffers instead.
-    """
-
-    def __init__(self, tree):
-        leaves, self.treedef = jax.tree_util.tree_flatten(tree)
-        self.shapes = [jnp.shape(x) for x in leaves]
-        self.dtypes = [jnp.result_type(x) for x in leaves]
-        self.groups = sorted({str(d) for d in self.dtypes})
-
-    def pack(self, tree) -> dict:
-        leaves = jax.tree_util.tree_leaves(tree)
-        return {g: jnp.concatenate([jnp.ravel(x) for x, d in zip(leaves, self.dtypes) if str(d) == g])
-                for g in self.groups}
-
-    def unpack(self, packed: dict):
-        offsets = dict.fromkeys(self.groups, 0)
-        leaves = []
-        for shape, dtype in zip(self.shapes, self.dtypes):
-            g, size = str(dtype), math.prod(shape)
-            leaves.append(packed[g][offsets[g]:offsets[g] + size].reshape(shape))
-            offsets[g] += size
-        return self.treedef.unflatten(leaves)
-
-
-def _one_step(train_step, steps, packer, packed, batches, keys, epoch, i, buffers):
+def _one_step(train_step, steps, state, batches, keys, epoch, i, buffers):
     batch = jax.tree_util.tree_map(lambda a: a[i], batches)
-    state, metrics = train_step(packer.unpack(packed), batch, step_key(keys["train"], epoch, i, steps))
+    state, metrics = train_step(state, batch, step_key(keys["train"], epoch, i, steps))
     buffers = {k: buffers[k].at[i].set(v) for k, v in metrics.items()}
     # The step counter lives on the device and comes back incremented: feeding a Python
     # int (or an eager slice of an index array) would cost a transfer every step.
-    return packer.pack(state), i + 1, buffers
+    return state, i + 1, buffers
 
 
 class ScanRunner:
@@ -118,10 +87,7 @@ class ScanRunner:
 
 
 class StepRunner:
-    """One compiled train step per batch, driven from Python (the seed article's loop).
-
-    The state travels packed (one buffer per dtype, see Packer) between steps.
-    """
+    """One compiled train step per batch, driven from Python (the seed article's loop)."""
 
     name = "step"
 
@@ -131,42 +97,38 @@ class StepRunner:
         self.progress_every = progress_every
         self._train_step = train_step
         self._batches = jax.jit(partial(epoch_batches, batch_size=batch_size, steps=steps))
+        self._step = jax.jit(partial(_one_step, train_step, steps), donate_argnums=(0, 4, 5))
         self._compiled = None
 
     def _metric_buffers(self, state, batches, keys):
         one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), batches)
-        shapes = jax.eval_shape(lambda s, b, k: self._train_step(s, b, k), state, one, keys["train"])[1]
+        shapes = jax.eval_shape(self._train_step, state, one, keys["train"])[1]
         return {k: jnp.zeros((self.steps,) + s.shape, s.dtype) for k, s in shapes.items()}
 
     def compile(self, state, data, keys) -> float:
         t0 = time.perf_counter()
-        packer = Packer(state)
-        pack = jax.jit(packer.pack).lower(state).compile()
-        unpack = jax.jit(packer.unpack).lower(jax.eval_shape(packer.pack, state)).compile()
         batches_c = self._batches.lower(data, keys["data"], jnp.int32(0)).compile()
         batches = jax.eval_shape(self._batches, data, keys["data"], jnp.int32(0))
         buffers = self._metric_buffers(state, batches, keys)
-        step = jax.jit(partial(_one_step, self._train_step, self.steps, packer), donate_argnums=(0, 4, 5))
-        step_c = step.lower(jax.eval_shape(packer.pack, state), batches, keys, jnp.int32(0), jnp.int32(0),
-                            buffers).compile()
-        self._compiled = (pack, unpack, batches_c, step_c)
+        step_c = self._step.lower(state, batches, keys, jnp.int32(0), jnp.int32(0), buffers).compile()
+        self._compiled = (batches_c, step_c)
         return time.perf_counter() - t0
 
     def run_epoch(self, state, data, keys, epoch: int, on_step=None):
         if self._compiled is None:
             self.compile(state, data, keys)
-        pack, unpack, batches_c, step_c = self._compiled
+        batches_c, step_c = self._compiled
         epoch_arr = jnp.int32(epoch)
         batches = batches_c(data, keys["data"], epoch_arr)
         buffers = self._metric_buffers(state, batches, keys)
-        packed, i = pack(state), jnp.int32(0)
+        i = jnp.int32(0)
         for n in range(self.steps):
-            packed, i, buffers = step_c(packed, batches, keys, epoch_arr, i, buffers)
+            state, i, buffers = step_c(state, batches, keys, epoch_arr, i, buffers)
             if on_step and (n + 1) % self.progress_every == 0:
                 on_step(self.progress_every, None)
         if on_step and self.steps % self.progress_every:
             on_step(self.steps % self.progress_every, None)
-        return unpack(packed), jax.device_get(buffers)
+        return state, jax.device_get(buffers)
 
 
 def make_runner(kind: str, train_step: Callable, batch_size: int, steps: int, unroll: int = 1):
