@@ -36,6 +36,7 @@ def build(workload, config, epochs: int, results: list) -> dict:
             "compile_seconds": round(r.compile_seconds, 4),
             "steady_epoch_seconds": round(statistics.fmean(steady), 4),
             "quality": r.quality,
+            "settings": r.settings,
         })
     by_name = defaultdict(list)
     for run in runs:
@@ -108,6 +109,16 @@ def to_markdown(rep: dict) -> str:
             f"| {s['name']} | {s['first_epoch_seconds']:.3f} | {s['compile_seconds']:.2f} | {s['min_epoch_seconds']:.3f} "
             f"| {s['max_epoch_seconds']:.3f} | {s['total_seconds']:.2f} | {s['steady_epoch_seconds']:.3f} | {speed} |"
         )
+    notes = {}
+    for r in rep["runs"]:
+        st = r.get("settings", {})
+        if r["framework"] == "torch":
+            notes[r["name"]] = (f"{st.get('threads')} torch thread(s)" + (", fused Adam" if st.get("fused") else "")
+                                + (", .item() every step" if st.get("sync_each_step") else ", no per-step sync"))
+        elif st:
+            notes[r["name"]] = f"{st.get('runner')} runner, XLA_FLAGS='{st.get('XLA_FLAGS', '')}'"
+    if notes:
+        lines += [""] + [f"- {name}: {text}" for name, text in notes.items()]
     qkeys = list(rep["summary"][0]["quality"])
     lines += ["", "Quality (mean ± std over seeds):", "",
               "| run | seeds | " + " | ".join(qkeys) + " |", "|---|---:|" + "---:|" * len(qkeys)]

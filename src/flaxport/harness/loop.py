@@ -5,6 +5,7 @@ Every workload runs through `train`; it talks only to the Workload record.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ class RunResult:
     history: list
     state: Any = None
     artifacts: dict = dataclasses.field(default_factory=dict)
+    settings: dict = dataclasses.field(default_factory=dict)  # how it ran: runner, threads, ...
 
 
 def _has_orbax_checkpoint(workdir: Path) -> bool:
@@ -115,7 +117,9 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         if not history:  # nothing trained (resumed a finished run): still report its quality
             quality, artifacts = workload.evaluate(config, state, data, rng.at(keys["eval"], 0))
         workload.write_pictures(workdir, data, artifacts, f"{workload.name} {name}, epoch {max(start, epochs)}")
-        return RunResult(name, "jax", epoch_seconds, compile_seconds, quality, history, state, artifacts)
+        settings = {"runner": runner_kind, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+                    "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
+        return RunResult(name, "jax", epoch_seconds, compile_seconds, quality, history, state, artifacts, settings)
     finally:
         # Orbax runs a background event loop: close it on every path, errors included.
         if ckpt is not None:

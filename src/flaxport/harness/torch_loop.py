@@ -197,8 +197,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         if not history:
             quality, artifacts = twin.evaluate(config, ts, data, stream_seed(seed, "eval"))
         workload.write_pictures(workdir, data, artifacts, f"{workload.name} {options.name}, epoch {max(start, epochs)}")
-        result = RunResult(options.name, "torch", epoch_seconds, 0.0, quality, history, ts, artifacts)
-        result.threads = torch.get_num_threads()
-        return result
+        settings = {**dataclasses.asdict(options), "threads": torch.get_num_threads()}
+        return RunResult(options.name, "torch", epoch_seconds, 0.0, quality, history, ts, artifacts, settings)
     finally:
         torch.set_num_threads(old_threads)
