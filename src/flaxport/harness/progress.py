@@ -15,7 +15,7 @@ class EpochProgress:
             return
         from tqdm import tqdm
 
-        self._bar = tqdm(total=self.steps, desc=f"epoch {epoch}/{epochs}", unit="step", leave=False,
+        self._bar = tqdm(total=self.steps, desc=f"epoch {epoch}/{epochs}", unit="step", leave=True,
                          dynamic_ncols=True, file=sys.stderr)
 
     def advance(self, n: int, _metrics=None):
@@ -25,7 +25,7 @@ class EpochProgress:
     def finish(self, means: dict, steps_per_second: float):
         if self._bar is not None:
             self._bar.set_postfix({**{k: f"{v:.4f}" for k, v in means.items()}, "steps/s": f"{steps_per_second:.0f}"})
-            self._bar.refresh()
+            self.close()  # the bar stays on screen with its final numbers; the epoch line follows
 
     def close(self):
         if self._bar is not None:
