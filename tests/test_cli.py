@@ -118,3 +118,12 @@ def test_nan_loss_exits_nonzero_with_one_line(cli, tmp_path):
 def test_debug_shows_the_traceback(cli):
     proc = cli("--debug", "train", "nope")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_compare_never_deletes_a_folder_that_is_not_a_run(cli, tmp_path):
+    mine = tmp_path / "cmp" / "jax-scan"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    _one_line_error(cli("compare", "gan", "--config", "smoke", "--epochs", "1", "--runs", "jax-scan",
+                        "--workdir", tmp_path / "cmp"), "not a flaxport run")
+    assert (mine / "notes.txt").read_text() == "mine"

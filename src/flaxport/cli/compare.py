@@ -48,7 +48,9 @@ def _run_one(name, workload, config, run_dir, seed, epochs, data, args):
     kw = dict(workdir=run_dir, seed=seed, epochs=epochs, data=data, checkpoints=False,
               progress=not args.no_progress, resume=False)
     if run_dir.exists():
-        # A comparison is re-run from scratch; its per-run dirs are scratch space.
+        # A comparison is re-run from scratch, but only a previous run's folder is removed.
+        if any(run_dir.iterdir()) and not (run_dir / "config.json").exists():
+            raise UserError(f"{run_dir} exists and is not a flaxport run; choose another --workdir")
         import shutil
 
         shutil.rmtree(run_dir)
