@@ -90,11 +90,14 @@ def test_epoch_batches_is_a_permutation_without_the_partial_batch():
 @pytest.mark.slow
 @pytest.mark.torch
 def test_torch_loop_resume_is_exact_too(tmp_path):
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
+    import dataclasses
+
     from flaxport.harness import torch_loop
 
     data = GAN.load_data(SMOKE)
-    kw = dict(data=data, progress=False, quiet=True, options=torch_loop.TUNED)
+    # Same settings on both sides (one thread): torch rounds differently per thread count.
+    kw = dict(data=data, progress=False, quiet=True, options=dataclasses.replace(torch_loop.TUNED, threads=1))
     full = torch_loop.train(GAN, SMOKE, workdir=tmp_path / "full", epochs=2, **kw)
     torch_loop.train(GAN, SMOKE, workdir=tmp_path / "cut", epochs=1, **kw)
     resumed = torch_loop.train(GAN, SMOKE, workdir=tmp_path / "cut", epochs=2, resume=True, **kw)
@@ -104,3 +107,9 @@ def test_torch_loop_resume_is_exact_too(tmp_path):
             assert (v == b[net][k]).all(), k
     assert full.history[-1]["train"] == resumed.history[-1]["train"]
 
+    # With measured threads, a resumed run keeps the count its checkpoint was trained with.
+    auto = dict(kw, options=torch_loop.TUNED)
+    torch_loop.train(GAN, SMOKE, workdir=tmp_path / "auto", epochs=1, **auto)
+    saved = torch.load(tmp_path / "auto" / "checkpoints" / "epoch_1.pt", weights_only=False)["meta"]["threads"]
+    again = torch_loop.train(GAN, SMOKE, workdir=tmp_path / "auto", epochs=2, resume=True, **auto)
+    assert again.settings["threads"] == saved

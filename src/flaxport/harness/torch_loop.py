@@ -111,17 +111,8 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
     old_threads = torch.get_num_threads()
     try:
         ts = twin.init_state(config, seed, fused=options.fused, set_to_none=options.set_to_none)
-        if options.threads == "auto":
-            first = {k: torch.from_numpy(np.ascontiguousarray(v[: config.batch_size])) for k, v in data.train.items()}
-            threads = tune_threads(torch, twin, config, ts, first)
-            if not quiet:
-                info(f"{options.name}: {threads} torch thread(s) measured fastest")
-        else:
-            threads = options.threads
-        if threads:
-            torch.set_num_threads(threads)
         meta = {**identity, "variant": config.variant, "seed": seed}
-        start = 0
+        start, saved_threads = 0, None
         if resume and _latest(workdir) is not None:
             start = _latest(workdir)
             path = _ckpt_dir(workdir) / f"epoch_{start}.pt"
@@ -133,8 +124,22 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 if payload["meta"].get(k) != want:
                     raise UserError(f"checkpoint {path} is from {k}={payload['meta'].get(k)!r}, not {want!r}")
             ts.load_state_dict(payload["state"])
+            saved_threads = payload["meta"].get("threads")
             if not quiet:
                 info(f"resuming {workload.name} (torch) from epoch {start} in {workdir}")
+        # torch's reductions round differently with another thread count, so a resumed
+        # run keeps the count its checkpoint was trained with: resume stays exact.
+        if options.threads == "auto" and saved_threads:
+            threads = saved_threads
+        elif options.threads == "auto":
+            first = {k: torch.from_numpy(np.ascontiguousarray(v[: config.batch_size])) for k, v in data.train.items()}
+            threads = tune_threads(torch, twin, config, ts, first)
+            if not quiet:
+                info(f"{options.name}: {threads} torch thread(s) measured fastest")
+        else:
+            threads = options.threads
+        if threads:
+            torch.set_num_threads(threads)
         if options.compile:
             twin.compile_models(ts)
         writer = MetricsWriter(workdir, resume_from_epoch=start if start else None)
@@ -190,7 +195,8 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 if not quiet:
                     info(console_line(record))
                 if checkpoints:
-                    _save(torch, workdir, epoch + 1, {"state": ts.state_dict(), "meta": {**meta, "epochs_done": epoch + 1}})
+                    _save(torch, workdir, epoch + 1, {"state": ts.state_dict(),
+                          "meta": {**meta, "epochs_done": epoch + 1, "threads": torch.get_num_threads()}})
         finally:
             bar.close()
             writer.close()
