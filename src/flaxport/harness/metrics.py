@@ -62,11 +62,6 @@ def _flat(record, prefix=""):
             yield f"{prefix}{k}", v
 
 
-def read(workdir) -> list[dict]:
-    path = Path(workdir) / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-
-
 def console_line(record: dict) -> str:
     """'epoch 3 | g_loss 0.2600 d_loss 0.2500 | w1 0.0710 | 1.02 s' style summary."""
     parts = [f"epoch {record['epoch']}"]
