@@ -5,7 +5,8 @@ import pytest
 
 from flaxport.errors import TrainingDiverged, UserError
 from flaxport.harness import loop, rng
-from flaxport.harness.epoch import epoch_batches, first_nonfinite
+from flaxport.harness.epoch import epoch_batches
+from flaxport.harness.metrics import first_nonfinite
 from flaxport.workloads import registry
 
 GAN = registry.get("gan")

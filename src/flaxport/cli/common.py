@@ -104,5 +104,4 @@ def default_workdir(*parts) -> str:
 
 
 def load_data(workload, config, args):
-    data = workload.load_data(config, args.data, args.data_dir or os.environ.get("FLAXPORT_DATA"))
-    return data
+    return workload.load_data(config, args.data, args.data_dir or os.environ.get("FLAXPORT_DATA"))

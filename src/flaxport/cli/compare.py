@@ -60,5 +60,4 @@ def _run_one(name, workload, config, run_dir, seed, epochs, data, args):
         return loop.train(workload, config, runner=name.split("-", 1)[1], name=name, **kw)
     from flaxport.harness import torch_loop
 
-    options = torch_loop.TUNED if name == "torch-tuned" else torch_loop.EAGER
-    return torch_loop.train(workload, config, options=options, **kw)
+    return torch_loop.train(workload, config, options=torch_loop.VARIANTS[name.split("-", 1)[1]], **kw)

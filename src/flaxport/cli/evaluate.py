@@ -34,10 +34,12 @@ def load_trained(workload_name: str, workdir):
 
         keys = rng.streams(seed)
         ckpt = Checkpointer(Path(workdir) / "checkpoints")
-        if ckpt.latest() is None:
-            raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
-        state, info = ckpt.restore(workload.init_state(config, keys["init"]), meta)
-        ckpt.close()
+        try:  # close Orbax's background loop on every path
+            if ckpt.latest() is None:
+                raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
+            state, info = ckpt.restore(workload.init_state(config, keys["init"]), meta)
+        finally:
+            ckpt.close()
         return workload, config, info, lambda data, n=None: workload.evaluate(
             _with_n(config, n), state, data, rng.at(keys["eval"], 0))
     import importlib
@@ -46,15 +48,11 @@ def load_trained(workload_name: str, workdir):
 
     from flaxport.harness import torch_loop
 
-    latest = torch_loop._latest(Path(workdir))
-    if latest is None:
+    found = torch_loop.load_checkpoint(torch, workdir, meta)
+    if found is None:
         raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
+    _, payload = found
     twin = importlib.import_module(workload.torch_twin)
-    path = Path(workdir) / "checkpoints" / f"epoch_{latest}.pt"
-    try:
-        payload = torch.load(path, weights_only=False)
-    except Exception as e:  # noqa: BLE001
-        raise UserError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0][:200]}") from e
     ts = twin.init_state(config, seed)
     ts.load_state_dict(payload["state"])
     return workload, config, payload["meta"], lambda data, n=None: twin.evaluate(

@@ -20,7 +20,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from flaxport.harness import rng
@@ -38,7 +37,7 @@ def step_key(train_key, epoch, i, steps: int):
     return rng.at(train_key, epoch * steps + i)
 
 
-def _scan_epoch(train_step, batch_size, steps, unroll, state, data, keys, epoch):
+def _scan_epoch(train_step, batch_size, steps, state, data, keys, epoch):
     batches = epoch_batches(data, keys["data"], epoch, batch_size, steps)
     # The step's random draws stay inside the loop body: drawing an epoch's noise up
     # front (vmapped over the step keys) measured 25% slower per GAN epoch on this CPU.
@@ -48,7 +47,7 @@ def _scan_epoch(train_step, batch_size, steps, unroll, state, data, keys, epoch)
         batch, key = xs
         return train_step(state, batch, key)
 
-    return lax.scan(body, state, (batches, step_keys), unroll=unroll)
+    return lax.scan(body, state, (batches, step_keys))
 
 
 def _one_step(train_step, steps, state, batches, keys, epoch, i, buffers):
@@ -65,9 +64,9 @@ class ScanRunner:
 
     name = "scan"
 
-    def __init__(self, train_step: Callable, batch_size: int, steps: int, unroll: int = 1):
+    def __init__(self, train_step: Callable, batch_size: int, steps: int):
         self.steps = steps
-        self._jitted = jax.jit(partial(_scan_epoch, train_step, batch_size, steps, unroll), donate_argnums=(0,))
+        self._jitted = jax.jit(partial(_scan_epoch, train_step, batch_size, steps), donate_argnums=(0,))
         self._compiled = None
 
     def compile(self, state, data, keys) -> float:
@@ -82,7 +81,7 @@ class ScanRunner:
         state, metrics = self._compiled(state, data, keys, jnp.int32(epoch))
         metrics = jax.device_get(metrics)
         if on_step:
-            on_step(self.steps, metrics)
+            on_step(self.steps)
         return state, metrics
 
 
@@ -93,58 +92,44 @@ class StepRunner:
 
     def __init__(self, train_step: Callable, batch_size: int, steps: int, progress_every: int = 200):
         self.steps = steps
-        self.batch_size = batch_size
         self.progress_every = progress_every
         self._train_step = train_step
         self._batches = jax.jit(partial(epoch_batches, batch_size=batch_size, steps=steps))
         self._step = jax.jit(partial(_one_step, train_step, steps), donate_argnums=(0, 4, 5))
         self._compiled = None
 
-    def _metric_buffers(self, state, batches, keys):
-        one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), batches)
-        shapes = jax.eval_shape(self._train_step, state, one, keys["train"])[1]
-        return {k: jnp.zeros((self.steps,) + s.shape, s.dtype) for k, s in shapes.items()}
-
     def compile(self, state, data, keys) -> float:
         t0 = time.perf_counter()
         batches_c = self._batches.lower(data, keys["data"], jnp.int32(0)).compile()
         batches = jax.eval_shape(self._batches, data, keys["data"], jnp.int32(0))
-        buffers = self._metric_buffers(state, batches, keys)
+        one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), batches)
+        metric_shapes = jax.eval_shape(self._train_step, state, one, keys["train"])[1]
+        # Per-step metrics land in device buffers (steps, ...): one transfer per epoch.
+        buffers = {k: jax.ShapeDtypeStruct((self.steps,) + s.shape, s.dtype) for k, s in metric_shapes.items()}
         step_c = self._step.lower(state, batches, keys, jnp.int32(0), jnp.int32(0), buffers).compile()
-        self._compiled = (batches_c, step_c)
+        self._compiled = (batches_c, step_c, buffers)
         return time.perf_counter() - t0
 
     def run_epoch(self, state, data, keys, epoch: int, on_step=None):
         if self._compiled is None:
             self.compile(state, data, keys)
-        batches_c, step_c = self._compiled
+        batches_c, step_c, buffer_shapes = self._compiled
         epoch_arr = jnp.int32(epoch)
         batches = batches_c(data, keys["data"], epoch_arr)
-        buffers = self._metric_buffers(state, batches, keys)
+        buffers = {k: jnp.zeros(s.shape, s.dtype) for k, s in buffer_shapes.items()}
         i = jnp.int32(0)
         for n in range(self.steps):
             state, i, buffers = step_c(state, batches, keys, epoch_arr, i, buffers)
             if on_step and (n + 1) % self.progress_every == 0:
-                on_step(self.progress_every, None)
+                on_step(self.progress_every)
         if on_step and self.steps % self.progress_every:
-            on_step(self.steps % self.progress_every, None)
+            on_step(self.steps % self.progress_every)
         return state, jax.device_get(buffers)
 
 
-def make_runner(kind: str, train_step: Callable, batch_size: int, steps: int, unroll: int = 1):
+def make_runner(kind: str, train_step: Callable, batch_size: int, steps: int):
     if kind == "scan":
-        return ScanRunner(train_step, batch_size, steps, unroll)
+        return ScanRunner(train_step, batch_size, steps)
     if kind == "step":
         return StepRunner(train_step, batch_size, steps)
     raise ValueError(f"unknown runner {kind!r}: choose step or scan")
-
-
-def first_nonfinite(metrics: dict) -> int | None:
-    """Index of the first step whose metrics hold a NaN or inf, or None."""
-    bad = None
-    for v in metrics.values():
-        v = np.asarray(v).reshape(len(v), -1)
-        idx = np.flatnonzero(~np.isfinite(v).all(axis=1))
-        if idx.size:
-            bad = int(idx[0]) if bad is None else min(bad, int(idx[0]))
-    return bad

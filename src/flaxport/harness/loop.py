@@ -11,14 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
-from flaxport.errors import TrainingDiverged, UserError
 from flaxport.harness import rng
 from flaxport.harness.checkpoint import Checkpointer
-from flaxport.harness.epoch import first_nonfinite, make_runner
-from flaxport.harness.metrics import MetricsWriter, console_line, info
-from flaxport.harness.progress import EpochProgress
+from flaxport.harness.epoch import make_runner
+from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
 from flaxport.harness.workdir import prepare
 
 
@@ -70,56 +67,36 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 info(f"resuming {workload.name} from epoch {start} in {workdir}")
         if start >= epochs and not quiet:
             info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
-        writer = MetricsWriter(workdir, resume_from_epoch=start if start else None)
-
+        steps = steps_per_epoch(data, config.batch_size)
         train_dev = jax.device_put(data.train)
-        n = len(next(iter(data.train.values())))
-        steps = n // config.batch_size
-        if steps == 0:
-            raise UserError(f"{data.name} has {n} samples, fewer than one batch of {config.batch_size}")
-        run = make_runner(runner_kind, workload.make_train_step(config), config.batch_size, steps,
-                          getattr(config, "scan_unroll", 1))
+        run = make_runner(runner_kind, workload.make_train_step(config), config.batch_size, steps)
         compile_seconds = run.compile(state, train_dev, keys) if start < epochs else 0.0
+        quality, artifacts = {}, {}
 
-        epoch_seconds, history, quality, artifacts = [], [], {}, {}
-        bar = EpochProgress(steps, enabled=progress and not quiet)
+        def evaluate():
+            return workload.evaluate(config, state, data, rng.at(keys["eval"], 0))
+
+        log = EpochLog(workdir, steps, start, progress, quiet)
         try:
             for epoch in range(start, epochs):
-                bar.start(epoch + 1, epochs)
+                log.start(epoch, epochs)
                 t0 = time.perf_counter()
-                state, step_metrics = run.run_epoch(state, train_dev, keys, epoch, on_step=bar.advance)
-                seconds = time.perf_counter() - t0 + (compile_seconds if epoch == start else 0.0)
-                bad = first_nonfinite(step_metrics)
-                if bad is not None:
-                    bar.close()
-                    last = f"epoch {epoch}" if epoch else "none"
-                    raise TrainingDiverged(
-                        f"loss became NaN/inf at step {epoch * steps + bad + 1} (epoch {epoch + 1}); "
-                        f"training stopped, last good checkpoint: {last} in {workdir / 'checkpoints'}"
-                    )
-                train_means = {k: float(np.mean(v)) for k, v in step_metrics.items()}
-                bar.finish(train_means, steps / (seconds - (compile_seconds if epoch == start else 0.0)))
-                quality, artifacts = workload.evaluate(config, state, data, rng.at(keys["eval"], 0))
-                record = {"epoch": epoch + 1, "train": train_means, "quality": quality, "epoch_seconds": seconds,
-                          "steps": steps}
-                if epoch == start:
-                    record["compile_seconds"] = compile_seconds
-                writer.write(record)
-                history.append(record)
-                epoch_seconds.append(seconds)
-                if not quiet:
-                    info(console_line(record))
+                state, step_metrics = run.run_epoch(state, train_dev, keys, epoch, on_step=log.advance)
+                run_seconds = time.perf_counter() - t0
+                first = {"compile_seconds": compile_seconds} if epoch == start else {}
+                quality, artifacts = log.end(epoch, step_metrics, run_seconds + first.get("compile_seconds", 0.0),
+                                             run_seconds, evaluate, **first)
                 if ckpt is not None:
                     ckpt.save(epoch + 1, state, {**meta, "epochs_done": epoch + 1})
         finally:
-            bar.close()
-            writer.close()
-        if not history:  # nothing trained (resumed a finished run): still report its quality
-            quality, artifacts = workload.evaluate(config, state, data, rng.at(keys["eval"], 0))
+            log.close()
+        if not log.history:  # nothing trained (resumed a finished run): still report its quality
+            quality, artifacts = evaluate()
         workload.write_pictures(workdir, data, artifacts, f"{workload.name} {name}, epoch {max(start, epochs)}")
         settings = {"runner": runner_kind, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
                     "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
-        return RunResult(name, "jax", epoch_seconds, compile_seconds, quality, history, state, artifacts, settings)
+        return RunResult(name, "jax", log.epoch_seconds, compile_seconds, quality, log.history, state, artifacts,
+                         settings)
     finally:
         # Orbax runs a background event loop: close it on every path, errors included.
         if ckpt is not None:

@@ -6,6 +6,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 
 class MetricsWriter:
     """Append-only JSONL of epoch records; on resume, records past the checkpoint are cut."""
@@ -84,3 +86,70 @@ def _fmt(v):
 
 def info(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def steps_per_epoch(data, batch_size: int) -> int:
+    """Full batches in `data.train` (the partial last batch is dropped); at least one."""
+    n = len(next(iter(data.train.values())))
+    if n < batch_size:
+        from flaxport.errors import UserError
+
+        raise UserError(f"{data.name} has {n} samples, fewer than one batch of {batch_size}")
+    return n // batch_size
+
+
+def first_nonfinite(metrics: dict) -> int | None:
+    """Index of the first step whose metrics {name: (steps, ...)} hold a NaN or inf, or None."""
+    rows = np.concatenate([np.asarray(v).reshape(len(v), -1) for v in metrics.values()], axis=1)
+    bad = np.flatnonzero(~np.isfinite(rows).all(axis=1))
+    return int(bad[0]) if bad.size else None
+
+
+class EpochLog:
+    """What both loops (Flax and PyTorch) do around an epoch: progress bar, NaN check,
+    metrics.jsonl record, console line. Keeps `history` and `epoch_seconds`."""
+
+    def __init__(self, workdir, steps: int, start: int, progress: bool = True, quiet: bool = False):
+        from flaxport.harness.progress import EpochProgress
+
+        self.workdir, self.steps, self.quiet = Path(workdir), steps, quiet
+        self.writer = MetricsWriter(workdir, resume_from_epoch=start or None)
+        self.bar = EpochProgress(steps, enabled=progress and not quiet)
+        self.history, self.epoch_seconds = [], []
+
+    def start(self, epoch: int, epochs: int) -> None:
+        self.bar.start(epoch + 1, epochs)
+
+    def advance(self, n: int) -> None:
+        self.bar.advance(n)
+
+    def end(self, epoch: int, step_metrics: dict, seconds: float, run_seconds: float, evaluate, **extra):
+        """Check, record and print epoch `epoch` (0-based); returns evaluate()'s (quality, artifacts).
+
+        seconds: the epoch's wall time as reported (compile included on a first JAX epoch);
+        run_seconds: the training part alone, for steps/s. Raises TrainingDiverged on NaN/inf.
+        """
+        from flaxport.errors import TrainingDiverged
+
+        bad = first_nonfinite(step_metrics)
+        if bad is not None:
+            self.bar.close()
+            raise TrainingDiverged(
+                f"loss became NaN/inf at step {epoch * self.steps + bad + 1} (epoch {epoch + 1}); training stopped, "
+                f"last good checkpoint: {f'epoch {epoch}' if epoch else 'none'} in {self.workdir / 'checkpoints'}"
+            )
+        means = {k: float(np.mean(v)) for k, v in step_metrics.items()}
+        self.bar.finish(means, self.steps / run_seconds)
+        quality, artifacts = evaluate()
+        record = {"epoch": epoch + 1, "train": means, "quality": quality, "epoch_seconds": seconds,
+                  "steps": self.steps, **extra}
+        self.writer.write(record)
+        self.history.append(record)
+        self.epoch_seconds.append(seconds)
+        if not self.quiet:
+            info(console_line(record))
+        return quality, artifacts
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()

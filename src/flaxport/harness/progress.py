@@ -18,7 +18,7 @@ class EpochProgress:
         self._bar = tqdm(total=self.steps, desc=f"epoch {epoch}/{epochs}", unit="step", leave=True,
                          dynamic_ncols=True, file=sys.stderr)
 
-    def advance(self, n: int, _metrics=None):
+    def advance(self, n: int):
         if self._bar is not None:
             self._bar.update(n)
 

@@ -19,11 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxport.errors import TrainingDiverged, UserError
-from flaxport.harness.epoch import first_nonfinite
+from flaxport.errors import UserError
 from flaxport.harness.loop import RunResult
-from flaxport.harness.metrics import MetricsWriter, console_line, info
-from flaxport.harness.progress import EpochProgress
+from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
 from flaxport.harness.workdir import prepare
 
 
@@ -97,6 +95,22 @@ def _save(torch, workdir: Path, epochs_done: int, payload: dict, keep: int = 3):
         p.unlink()
 
 
+def load_checkpoint(torch, workdir, expect_meta: dict):
+    """(epochs_done, payload) of the newest checkpoint in workdir, its meta checked; None if none."""
+    epochs_done = _latest(Path(workdir))
+    if epochs_done is None:
+        return None
+    path = _ckpt_dir(workdir) / f"epoch_{epochs_done}.pt"
+    try:
+        payload = torch.load(path, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - torch.load raises many types for a bad file
+        raise UserError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0][:200]}") from e
+    for k, want in expect_meta.items():
+        if payload["meta"].get(k) != want:
+            raise UserError(f"checkpoint {path} is from {k}={payload['meta'].get(k)!r}, not {want!r}")
+    return epochs_done, payload
+
+
 def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None, resume: bool = False,
           data=None, options: TorchOptions = EAGER, checkpoints: bool = True, progress: bool = True,
           quiet: bool = False) -> RunResult:
@@ -113,16 +127,9 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         ts = twin.init_state(config, seed, fused=options.fused, set_to_none=options.set_to_none)
         meta = {**identity, "variant": config.variant, "seed": seed}
         start, saved_threads = 0, None
-        if resume and _latest(workdir) is not None:
-            start = _latest(workdir)
-            path = _ckpt_dir(workdir) / f"epoch_{start}.pt"
-            try:
-                payload = torch.load(path, weights_only=False)
-            except Exception as e:  # noqa: BLE001 - torch.load raises many types for a bad file
-                raise UserError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0][:200]}") from e
-            for k, want in meta.items():
-                if payload["meta"].get(k) != want:
-                    raise UserError(f"checkpoint {path} is from {k}={payload['meta'].get(k)!r}, not {want!r}")
+        found = load_checkpoint(torch, workdir, meta) if resume else None
+        if found is not None:
+            start, payload = found
             ts.load_state_dict(payload["state"])
             saved_threads = payload["meta"].get("threads")
             if not quiet:
@@ -142,20 +149,20 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
             torch.set_num_threads(threads)
         if options.compile:
             twin.compile_models(ts)
-        writer = MetricsWriter(workdir, resume_from_epoch=start if start else None)
-
         arrays = data.train
-        n = len(next(iter(arrays.values())))
         bs = config.batch_size
-        steps = n // bs
-        if steps == 0:
-            raise UserError(f"{data.name} has {n} samples, fewer than one batch of {bs}")
+        steps = steps_per_epoch(data, bs)
+        n = len(next(iter(arrays.values())))
         tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()} if options.preload else None
-        bar = EpochProgress(steps, enabled=progress and not quiet)
-        epoch_seconds, history, quality, artifacts = [], [], {}, {}
+        quality, artifacts = {}, {}
+
+        def evaluate():
+            return twin.evaluate(config, ts, data, stream_seed(seed, "eval"))
+
+        log = EpochLog(workdir, steps, start, progress, quiet)
         try:
             for epoch in range(start, epochs):
-                bar.start(epoch + 1, epochs)
+                log.start(epoch, epochs)
                 t0 = time.perf_counter()
                 perm = np.random.default_rng(stream_seed(seed, "data", epoch)).permutation(n)
                 gen = torch.Generator().manual_seed(stream_seed(seed, "train", epoch))
@@ -172,38 +179,22 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                     m = twin.train_step(config, ts, batch, gen)
                     per_step.append({k: v.item() for k, v in m.items()} if options.sync_each_step else m)
                     if (i + 1) % 200 == 0:
-                        bar.advance(200)
+                        log.advance(200)
                 if options.sync_each_step:
                     step_metrics = {k: np.array([m[k] for m in per_step]) for k in per_step[0]}
                 else:
                     step_metrics = {k: torch.stack([m[k] for m in per_step]).numpy() for k in per_step[0]}
                 seconds = time.perf_counter() - t0
-                bad = first_nonfinite(step_metrics)
-                if bad is not None:
-                    raise TrainingDiverged(
-                        f"loss became NaN/inf at step {epoch * steps + bad + 1} (epoch {epoch + 1}); training stopped, "
-                        f"last good checkpoint: {f'epoch {epoch}' if epoch else 'none'} in {_ckpt_dir(workdir)}"
-                    )
-                train_means = {k: float(np.mean(v)) for k, v in step_metrics.items()}
-                bar.finish(train_means, steps / seconds)
-                quality, artifacts = twin.evaluate(config, ts, data, stream_seed(seed, "eval"))
-                record = {"epoch": epoch + 1, "train": train_means, "quality": quality, "epoch_seconds": seconds,
-                          "steps": steps}
-                writer.write(record)
-                history.append(record)
-                epoch_seconds.append(seconds)
-                if not quiet:
-                    info(console_line(record))
+                quality, artifacts = log.end(epoch, step_metrics, seconds, seconds, evaluate)
                 if checkpoints:
                     _save(torch, workdir, epoch + 1, {"state": ts.state_dict(),
                           "meta": {**meta, "epochs_done": epoch + 1, "threads": torch.get_num_threads()}})
         finally:
-            bar.close()
-            writer.close()
-        if not history:
-            quality, artifacts = twin.evaluate(config, ts, data, stream_seed(seed, "eval"))
+            log.close()
+        if not log.history:
+            quality, artifacts = evaluate()
         workload.write_pictures(workdir, data, artifacts, f"{workload.name} {options.name}, epoch {max(start, epochs)}")
         settings = {**dataclasses.asdict(options), "threads": torch.get_num_threads()}
-        return RunResult(options.name, "torch", epoch_seconds, 0.0, quality, history, ts, artifacts, settings)
+        return RunResult(options.name, "torch", log.epoch_seconds, 0.0, quality, log.history, ts, artifacts, settings)
     finally:
         torch.set_num_threads(old_threads)

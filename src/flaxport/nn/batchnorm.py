@@ -44,11 +44,6 @@ def _bn_forward(x, scale, bias, epsilon):
     return (xhat * scale + bias, mean, var), (xhat, invstd, scale)
 
 
-def _bn_fwd(x, scale, bias, epsilon):
-    out, res = _bn_forward(x, scale, bias, epsilon)
-    return out, res
-
-
 def _bn_bwd(epsilon, res, cotangents):
     xhat, invstd, scale = res
     dy = cotangents[0]  # cotangents of mean/var are ignored: they feed running stats only
@@ -60,7 +55,7 @@ def _bn_bwd(epsilon, res, cotangents):
     return dx, dscale, dbias
 
 
-batch_norm_train.defvjp(_bn_fwd, _bn_bwd)
+batch_norm_train.defvjp(_bn_forward, _bn_bwd)
 
 
 class BatchNorm(nn.Module):

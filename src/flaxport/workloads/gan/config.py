@@ -30,7 +30,6 @@ class Config:
     data_seed: int = 0
     n_eval: int = 10_000  # generated samples for W1/KS/mode share
     runner: str = "scan"
-    scan_unroll: int = 1
 
 
 VARIANTS = ("default", "smoke", "bench", "tuned")
