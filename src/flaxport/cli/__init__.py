@@ -10,7 +10,7 @@ import sys
 
 from flaxport.errors import UserError
 
-SUBCOMMANDS = ("train", "compare", "evaluate", "sample", "env")
+SUBCOMMANDS = ("train", "compare", "evaluate", "sample", "data", "env")
 
 
 class Parser(argparse.ArgumentParser):
