@@ -31,11 +31,11 @@ def add_train_flags(p, epochs_default=None):
 
 def setup_jax(workload_name: str) -> None:
     """Process-wide JAX settings for the workload; must run before JAX starts."""
+    from flaxport.harness.cpu import tune_allocator, tune_for_tiny_models
     from flaxport.workloads import registry
 
+    tune_allocator()
     if registry.prefers_single_thread(workload_name):
-        from flaxport.harness.cpu import tune_for_tiny_models
-
         tune_for_tiny_models()
 
 
@@ -48,6 +48,11 @@ def workload_and_config(args):
     if args.config not in workload.variants:
         raise UserError(f"unknown config {args.config!r} for {workload.name}; choose one of: {', '.join(workload.variants)}")
     config = apply_overrides(workload.get_config(args.config), args.set)
+    if getattr(args, "data", None):
+        if args.data not in workload.data_sources:
+            raise UserError(f"--data {args.data!r}: {workload.name} trains on {', '.join(workload.data_sources)}")
+        if hasattr(config, "data"):  # recorded in config.json, so evaluate finds it again
+            config = dataclasses.replace(config, data=args.data)
     if args.epochs is not None and args.epochs < 1:
         raise UserError(f"--epochs must be at least 1, got {args.epochs}")
     return workload, config
@@ -104,4 +109,11 @@ def default_workdir(*parts) -> str:
 
 
 def load_data(workload, config, args):
-    return workload.load_data(config, args.data, args.data_dir or os.environ.get("FLAXPORT_DATA"))
+    """The run's dataset; says on stderr which one (source, sizes)."""
+    from flaxport.harness.metrics import info
+
+    data = workload.load_data(config, getattr(args, "data", None), getattr(args, "data_dir", None)
+                              or os.environ.get("FLAXPORT_DATA"))
+    sizes = "/".join(str(len(next(iter(split.values())))) for split in (data.train, data.test) if split)
+    info(f"data: {data.name} ({data.meta.get('source', 'synthetic')}; {sizes} train/test examples)")
+    return data

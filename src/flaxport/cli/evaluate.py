@@ -12,6 +12,7 @@ def add_parser(sub):
     p = sub.add_parser("evaluate", help="quality metrics of a trained run")
     p.add_argument("workload")
     p.add_argument("--workdir", required=True)
+    p.add_argument("--data-dir", default=None, help="where real datasets live (default $FLAXPORT_DATA)")
     common.add_debug(p)
     p.set_defaults(run=run)
 
@@ -67,7 +68,7 @@ def _with_n(config, n):
 
 def run(args) -> int:
     workload, config, info, evaluate = load_trained(args.workload, args.workdir)
-    data = workload.load_data(config, None, None)
+    data = common.load_data(workload, config, args)
     quality, _ = evaluate(data)
     print(json.dumps({"workdir": args.workdir, "epochs_done": info.get("epochs_done"), "quality": quality}))
     return 0

@@ -40,3 +40,33 @@ def tune_for_tiny_models() -> None:
         jax.devices()  # creates the clients (and the CPU pool) under the one-core mask
     finally:
         os.sched_setaffinity(0, full)
+
+
+# glibc mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+
+
+def tune_allocator() -> bool:
+    """Keep freed heap memory in the process instead of handing it back to the kernel.
+
+    A CNN train step allocates and frees tens of MB of activations, im2col patches and
+    gradients. With glibc's defaults those blocks go back to the kernel when freed and
+    come back as fresh zeroed pages on the next step: page faults cost a third of a step
+    (XLA: 34 -> 20 ms; PyTorch with 2 threads: 42 -> 19 ms on this CPU). A large top pad
+    and trim threshold keep the heap mapped and reused. Applies to both frameworks, so
+    comparisons stay fair. glibc only; FLAXPORT_MALLOC=default leaves malloc alone.
+    Returns whether the settings were applied.
+    """
+    if os.environ.get("FLAXPORT_MALLOC", "") == "default":
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = mallopt(_M_TOP_PAD, 256 << 20) == 1
+    ok &= mallopt(_M_TRIM_THRESHOLD, 512 << 20) == 1
+    ok &= mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1  # glibc's maximum
+    return bool(ok)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import os
 import tempfile
 import time
@@ -34,10 +35,12 @@ class TorchOptions:
     preload: bool = False  # data as one tensor, indexed per step (vs NumPy -> tensor per step)
     threads: int | str | None = None  # torch.set_num_threads for the run; "auto" measures
     compile: bool = False  # torch.compile the models
+    channels_last: bool = False  # NHWC memory format for conv models (oneDNN's fast path)
 
 
 EAGER = TorchOptions()
-TUNED = TorchOptions("torch-tuned", fused=True, set_to_none=True, sync_each_step=False, preload=True, threads="auto")
+TUNED = TorchOptions("torch-tuned", fused=True, set_to_none=True, sync_each_step=False, preload=True, threads="auto",
+                     channels_last=True)
 COMPILED = dataclasses.replace(TUNED, name="torch-compiled", compile=True)
 VARIANTS = {"eager": EAGER, "tuned": TUNED, "compiled": COMPILED}
 
@@ -124,7 +127,10 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                       resume, lambda w: _latest(w) is not None)
     old_threads = torch.get_num_threads()
     try:
-        ts = twin.init_state(config, seed, fused=options.fused, set_to_none=options.set_to_none)
+        # Only conv twins take a memory format; the option means nothing to an MLP.
+        takes_format = "channels_last" in inspect.signature(twin.init_state).parameters
+        extra = {"channels_last": options.channels_last} if takes_format else {}
+        ts = twin.init_state(config, seed, fused=options.fused, set_to_none=options.set_to_none, **extra)
         meta = {**identity, "variant": config.variant, "seed": seed}
         start, saved_threads = 0, None
         found = load_checkpoint(torch, workdir, meta) if resume else None
@@ -175,7 +181,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                         batch = {k: t[idx] for k, t in tensors.items()}
                     else:
                         idx = perm[i * bs:(i + 1) * bs]
-                        batch = {k: torch.from_numpy(v[idx]).float() for k, v in arrays.items()}
+                        batch = {k: torch.from_numpy(v[idx]) for k, v in arrays.items()}  # the twin converts
                     m = twin.train_step(config, ts, batch, gen)
                     per_step.append({k: v.item() for k, v in m.items()} if options.sync_each_step else m)
                     if (i + 1) % 200 == 0:

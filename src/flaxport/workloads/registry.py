@@ -42,6 +42,7 @@ class Workload:
 # name: (package, one-line summary, prefers single-threaded XLA on CPU)
 _TABLE = {
     "gan": ("flaxport.workloads.gan", "least-squares GAN, BatchNorm MLPs, 1-D two-mode mixture", True),
+    "cnn": ("flaxport.workloads.cnn", "Conv-BN-ReLU-Pool x2 + Dense classifier, digits or CIFAR-10 at 32x32x3", False),
 }
 
 

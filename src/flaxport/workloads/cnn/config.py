@@ -1,0 +1,47 @@
+"""CNN classifier hyperparameters. `default` is the seed article's PyTorch reference."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    variant: str = "default"
+    # Data: "digits" (embedded, the default) or "cifar10" (--data-dir). 32x32x3 either way.
+    data: str = "digits"
+    image_size: int = 32
+    channels: int = 3
+    num_classes: int = 10
+    # Conv 3x3 (padding=1) -> BatchNorm -> ReLU -> MaxPool 2, twice; Dense 256; Dense 10.
+    conv_widths: tuple = (32, 64)
+    hidden: int = 256
+    # nn.BatchNorm2d defaults: eps 1e-5, momentum 0.1 in torch's convention (weight of the
+    # new batch), i.e. Flax's momentum 0.9. The seed's JAX port passed momentum=0.1 to
+    # flax.linen.BatchNorm, which keeps only 10% of the running average each step.
+    bn_eps: float = 1e-5
+    bn_momentum: float = 0.1
+    # optim.Adam(lr=0.001) with torch's defaults; NLL loss on log_softmax.
+    lr: float = 1e-3
+    b1: float = 0.9
+    b2: float = 0.999
+    adam_eps: float = 1e-8
+    batch_size: int = 32
+    epochs: int = 5
+    eval_batch: int = 500  # evaluation chunk: fixed, so eval compiles once
+    # How the Flax convs run on XLA: "im2col" (patches @ kernel) or "xla" (conv op).
+    conv_impl: str = "im2col"
+    runner: str = "step"
+
+
+VARIANTS = ("default", "smoke", "bench")
+
+
+def get_config(variant: str = "default") -> Config:
+    base = Config()
+    if variant == "default":
+        return base
+    if variant == "smoke":
+        return dataclasses.replace(base, variant="smoke", epochs=1)
+    if variant == "bench":
+        return dataclasses.replace(base, variant="bench", epochs=3)
+    raise ValueError(variant)
