@@ -25,9 +25,11 @@ def build(workload, config, epochs: int, results: list) -> dict:
     """results: [(seed, RunResult)] -> report dict (the report.json schema)."""
     from flaxport.cli.env import facts
 
+    step_flops = workload.train_flops(config) if workload.train_flops else None
     runs = []
     for seed, r in results:
         steady = _steady(r.epoch_seconds)
+        steps = r.history[0]["steps"] if r.history else None
         runs.append({
             "name": r.name,
             "framework": r.framework,
@@ -35,6 +37,7 @@ def build(workload, config, epochs: int, results: list) -> dict:
             "epoch_seconds": [round(s, 4) for s in r.epoch_seconds],
             "compile_seconds": round(r.compile_seconds, 4),
             "steady_epoch_seconds": round(statistics.fmean(steady), 4),
+            "steps_per_epoch": steps,
             "quality": r.quality,
             "settings": r.settings,
         })
@@ -57,12 +60,16 @@ def build(workload, config, epochs: int, results: list) -> dict:
             "total_seconds": round(statistics.fmean(sum(r["epoch_seconds"]) for r in rs), 4),
             "steady_epoch_seconds": round(mean, 4),
             "speedup_vs_torch_eager": round(base_mean / mean, 2) if base_mean else None,
+            # Same model FLOPs for every framework: a rate, not a claim about each one's kernels.
+            "gflop_per_s": (round(step_flops * rs[0]["steps_per_epoch"] / mean / 1e9, 1)
+                            if step_flops and rs[0]["steps_per_epoch"] else None),
             "quality": _quality_stats([r["quality"] for r in rs]),
         }
         summary.append(entry)
     return {
         "workload": workload.name,
         "config": dataclasses.asdict(config),
+        "train_step_gflop": round(step_flops / 1e9, 4) if step_flops else None,
         "epochs": epochs,
         "machine": facts(),
         "runs": runs,
@@ -100,20 +107,31 @@ def to_markdown(rep: dict) -> str:
         "Epoch seconds: min/max/mean over steady epochs (2..N); the first epoch includes the JAX compile,",
         "shown apart. Speed-up = torch-eager steady epoch / this run's, measured in this same process.",
         "",
-        "| run | first epoch (s) | compile (s) | min (s) | max (s) | total (s) | steady mean (s) | vs torch-eager |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    tuned = next((x["steady_epoch_seconds"] for x in rep["summary"] if x["name"] == "torch-tuned"), None)
+    flops = rep.get("train_step_gflop")
+    head = "| run | first epoch (s) | compile (s) | min (s) | max (s) | total (s) | steady mean (s) | vs torch-eager |"
+    head += " vs torch-tuned |" if tuned else ""
+    head += " GFLOP/s |" if flops else ""
+    lines += [head, "|---|" + "---:|" * (head.count("|") - 2)]
     for s in rep["summary"]:
         speed = f"{s['speedup_vs_torch_eager']:.2f}x" if s["speedup_vs_torch_eager"] else "-"
-        lines.append(
-            f"| {s['name']} | {s['first_epoch_seconds']:.3f} | {s['compile_seconds']:.2f} | {s['min_epoch_seconds']:.3f} "
-            f"| {s['max_epoch_seconds']:.3f} | {s['total_seconds']:.2f} | {s['steady_epoch_seconds']:.3f} | {speed} |"
-        )
+        row = (f"| {s['name']} | {s['first_epoch_seconds']:.3f} | {s['compile_seconds']:.2f} | {s['min_epoch_seconds']:.3f} "
+               f"| {s['max_epoch_seconds']:.3f} | {s['total_seconds']:.2f} | {s['steady_epoch_seconds']:.3f} | {speed} |")
+        if tuned:
+            row += f" {tuned / s['steady_epoch_seconds']:.2f}x |"
+        if flops:
+            row += f" {s['gflop_per_s']:.1f} |" if s.get("gflop_per_s") else " - |"
+        lines.append(row)
+    if flops:
+        lines += ["", f"GFLOP/s = {flops:.3f} GFLOP of model arithmetic per train step (2 x multiply-adds of the",
+                  "convs and matmuls, forward and backward) x steps / steady epoch seconds; one count for every run."]
     notes = {}
     for r in rep["runs"]:
         st = r.get("settings", {})
         if r["framework"] == "torch":
             notes[r["name"]] = (f"{st.get('threads')} torch thread(s)" + (", fused Adam" if st.get("fused") else "")
+                                + (", channels_last" if st.get("channels_last") else "")
                                 + (", .item() every step" if st.get("sync_each_step") else ", no per-step sync"))
         elif st:
             notes[r["name"]] = f"{st.get('runner')} runner, XLA_FLAGS='{st.get('XLA_FLAGS', '')}'"

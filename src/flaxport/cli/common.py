@@ -69,6 +69,9 @@ def apply_overrides(config, items):
         if key not in fields or key == "variant":
             raise UserError(f"--set: {config.__class__.__module__.split('.')[-2]} config has no field {key!r}")
         changes[key] = _parse_like(getattr(config, key), raw, key)
+        allowed = getattr(type(config), "CHOICES", {}).get(key)
+        if allowed and changes[key] not in allowed:
+            raise UserError(f"--set {key}: {raw!r} is not one of {', '.join(allowed)}")
     return dataclasses.replace(config, **changes)
 
 

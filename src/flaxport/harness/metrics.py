@@ -139,8 +139,8 @@ class EpochLog:
                 f"last good checkpoint: {f'epoch {epoch}' if epoch else 'none'} in {self.workdir / 'checkpoints'}"
             )
         means = {k: float(np.mean(v)) for k, v in step_metrics.items()}
-        self.bar.finish(means, self.steps / run_seconds)
         quality, artifacts = evaluate()
+        self.bar.finish(means, self.steps / run_seconds, quality)
         record = {"epoch": epoch + 1, "train": means, "quality": quality, "epoch_seconds": seconds,
                   "steps": self.steps, **extra}
         self.writer.write(record)

@@ -22,9 +22,12 @@ class EpochProgress:
         if self._bar is not None:
             self._bar.update(n)
 
-    def finish(self, means: dict, steps_per_second: float):
+    def finish(self, means: dict, steps_per_second: float, quality: dict | None = None):
+        """Final postfix: train means, the epoch's scalar quality (val loss, accuracy, ...), steps/s."""
         if self._bar is not None:
-            self._bar.set_postfix({**{k: f"{v:.4f}" for k, v in means.items()}, "steps/s": f"{steps_per_second:.0f}"})
+            scalars = {k: v for k, v in (quality or {}).items() if isinstance(v, (int, float))}
+            self._bar.set_postfix({**{k: f"{v:.4f}" for k, v in {**means, **scalars}.items()},
+                                   "steps/s": f"{steps_per_second:.0f}"})
             self.close()  # the bar stays on screen with its final numbers; the epoch line follows
 
     def close(self):

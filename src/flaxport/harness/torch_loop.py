@@ -200,7 +200,8 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         if not log.history:
             quality, artifacts = evaluate()
         workload.write_pictures(workdir, data, artifacts, f"{workload.name} {options.name}, epoch {max(start, epochs)}")
-        settings = {**dataclasses.asdict(options), "threads": torch.get_num_threads()}
+        settings = {**dataclasses.asdict(options), "threads": torch.get_num_threads(),
+                    "channels_last": bool(extra.get("channels_last"))}  # only where the twin applies it
         return RunResult(options.name, "torch", log.epoch_seconds, 0.0, quality, log.history, ts, artifacts, settings)
     finally:
         torch.set_num_threads(old_threads)

@@ -21,6 +21,7 @@ class Workload:
     make_train_step(config) -> train_step(state, batch, key) -> (state, {metric: scalar})
     evaluate(config, state, data, key) -> (quality {name: number|list}, artifacts {name: array})
     write_pictures(workdir, data, artifacts, label) -> [paths]
+    train_flops(config) -> FLOPs of one train step (optional)
     torch_twin: module path of the PyTorch twin (imported only when used)
     checkpoint_metric: the quality key `compare` reports first
     """
@@ -37,6 +38,9 @@ class Workload:
     write_pictures: Callable
     torch_twin: str
     loss_keys: tuple = ("loss",)
+    # train_flops(config) -> model FLOPs of one train step (2 x multiply-adds of the convs and
+    # matmuls, forward and backward), for effective GFLOP/s in `compare`; None: not reported.
+    train_flops: Callable | None = None
 
 
 # name: (package, one-line summary, prefers single-threaded XLA on CPU)

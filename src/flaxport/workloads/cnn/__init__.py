@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from flaxport.errors import UserError
 from flaxport.workloads.cnn import config as config_lib
-from flaxport.workloads.cnn import plots, quality, step
+from flaxport.workloads.cnn import model, plots, quality, step
 from flaxport.workloads.registry import Workload
 
 SOURCES = ("digits", "cifar10")
@@ -47,4 +47,5 @@ WORKLOAD = Workload(
     write_pictures=plots.write_pictures,
     torch_twin="flaxport.workloads.cnn.step_torch",
     loss_keys=("loss",),
+    train_flops=model.train_flops,
 )

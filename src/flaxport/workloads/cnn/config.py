@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    # The values a string field may take; `--set` checks them before anything runs.
+    CHOICES: ClassVar[dict] = {"data": ("digits", "cifar10"), "conv_impl": ("im2col", "xla"),
+                               "runner": ("step", "scan")}
+
     variant: str = "default"
     # Data: "digits" (embedded, the default) or "cifar10" (--data-dir). 32x32x3 either way.
     data: str = "digits"

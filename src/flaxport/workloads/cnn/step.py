@@ -40,7 +40,8 @@ def adam(config):
 def init_state(config, key) -> TrainState:
     """Fresh CNN with torch's default init; BatchNorm statistics at 0 / 1."""
     net = model.cnn(config)
-    variables = net.init(key, model.dummy_input(config, 2), train=False)
+    # Jitted: run eagerly, init compiles each of its ~60 small ops apart (~5 s on CPU).
+    variables = jax.jit(partial(net.init, train=False))(key, model.dummy_input(config, 2))
     return TrainState.create(apply_fn=net.apply, params=variables["params"], tx=adam(config),
                              batch_stats=variables["batch_stats"])
 
