@@ -26,6 +26,7 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/flaxport compare gan --epochs 10 --workdir runs/bench-gan
+	$(VENV)/bin/flaxport compare cnn --epochs 5 --seeds 3 --workdir runs/bench-cnn
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

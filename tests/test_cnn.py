@@ -152,6 +152,16 @@ def test_cifar10_fixture_trains_and_evaluates(cli, tmp_path):
 
 # -- 4: errors a user can make ---------------------------------------------------------------
 
+def test_sample_rewrites_pictures_and_refuses_n(jax_smoke, cli):
+    work, _ = jax_smoke
+    (work / "confusion.png").unlink()
+    proc = cli("sample", "cnn", "--workdir", work)
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "confusion.png").exists()
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["quality"] == _records(work)[-1]["quality"]
+    _one_line_error(cli("sample", "cnn", "--workdir", work, "--n", "5"), "--n", "cnn draws no samples")
+
+
 def _truncated_archive(tmp_path):
     path = cifar10.write_fixture(tmp_path / "trunc", n_per_batch=10, archive=True)
     blob = path.read_bytes()
