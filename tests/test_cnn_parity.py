@@ -40,7 +40,7 @@ def _grads_and_step(config, state, batch):
 def _torch_step(ts, batch, dtype=torch.float32):
     x = step_torch.to_input(ts, torch.from_numpy(batch["image"])).to(dtype)
     loss, _ = step_torch.step(ts, x, torch.from_numpy(batch["label"]).long())
-    grads = {k: p.grad.detach().numpy().copy() for k, p in ts.model.named_parameters()}
+    grads = {k: p.grad.detach().contiguous().numpy().copy() for k, p in ts.model.named_parameters()}
     return loss.item(), grads
 
 
@@ -61,7 +61,7 @@ def _assert_sd(flax_sd, torch_sd, what, skip=()):
 
 
 def _sd(ts):
-    return {k: v.detach().numpy().copy() for k, v in ts.model.state_dict().items()}
+    return {k: v.detach().contiguous().numpy().copy() for k, v in ts.model.state_dict().items()}
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +69,13 @@ def config():
     return config_lib.get_config("default")
 
 
-@pytest.mark.parametrize("conv_impl", ["im2col", "xla"])
-def test_one_step_float32(config, conv_impl):
-    """Loss, every gradient, BatchNorm statistics, parameters after Adam, eval logits."""
+@pytest.mark.parametrize("conv_impl,channels_last", [("im2col", False), ("xla", False), ("im2col", True)])
+def test_one_step_float32(config, conv_impl, channels_last):
+    """Loss, every gradient, BatchNorm statistics, parameters after Adam, eval logits.
+
+    channels_last is how torch-tuned runs (oneDNN's NHWC kernels): the same function."""
     config = dataclasses.replace(config, conv_impl=conv_impl)
-    ts = step_torch.init_state(config, SEED)
+    ts = step_torch.init_state(config, SEED, channels_last=channels_last)
     state = convert.state_from_torch(config, ts)
     test_images = _batch(config, seed=5, n=16)["image"]
     flax_logp = state.apply_eval(step.to_float(jnp.asarray(test_images)))
