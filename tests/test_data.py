@@ -1,21 +1,19 @@
 """Datasets: the embedded digits, CIFAR-10 in its canonical format, resumable downloads, `flaxport data`."""
 import hashlib
-import http.server
 import os
 import pickle
 import re
 import socket
-import struct
 import subprocess
 import sys
 import tarfile
-import threading
 
 import numpy as np
 import pytest
 
 from flaxport.data import cifar10, digits, download
 from flaxport.errors import UserError
+from httpfixture import server  # noqa: F401 - a pytest fixture, used by name
 
 DIGITS_SHA256 = "87ff0c9e40dc7e2c0e34e7257799c2e3f3aec1a016363bb11cad869ec428a826"
 DIGITS_SPLIT_SHA256 = "cf60b3db32c3e7b835469dc64e059ba3191672a99190a06d791334af7c0b285f"
@@ -266,77 +264,6 @@ def test_cifar10_corrupt_archive(tmp_path, damage):
 
 
 # ---------------------------------------------------------------- downloads
-
-class _Server(http.server.ThreadingHTTPServer):
-    """Serves `files` with optional Range support; can drop one response after `cut_after` bytes."""
-
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.files, self.requests = {}, []
-        self.range_support = True
-        self.cut_after, self.cut_mode = None, "eof"
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.server_address[1]}/"
-
-    def handle_error(self, request, client_address):
-        pass  # the deliberate resets would print tracebacks
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        srv = self.server
-        body = srv.files.get(self.path.lstrip("/"))
-        rng = self.headers.get("Range")
-        record = {"path": self.path, "range": rng}
-        srv.requests.append(record)
-        if body is None:
-            record["status"] = 404
-            self.send_error(404)
-            return
-        start, status = 0, 200
-        if rng and srv.range_support:
-            start, status = int(re.fullmatch(r"bytes=(\d+)-", rng)[1]), 206
-            if start >= len(body):
-                record["status"] = 416
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{len(body)}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-        payload = body[start:]
-        record["status"] = status
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(payload)))
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        self.end_headers()
-        if srv.cut_after is not None:
-            k, srv.cut_after = srv.cut_after, None
-            self.wfile.write(payload[:k])
-            self.wfile.flush()
-            if srv.cut_mode == "reset":
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.connection.close()
-            return
-        self.wfile.write(payload)
-
-
-@pytest.fixture
-def server():
-    srv = _Server()
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-
 
 @pytest.fixture
 def payload(tmp_path_factory):

@@ -11,7 +11,7 @@ from pathlib import Path
 from flaxport.cli.common import add_debug
 from flaxport.errors import UserError
 
-DOWNLOADABLE = ("cifar10",)
+DOWNLOADABLE = ("cifar10", "binarized_mnist")
 EMBEDDED = ("digits",)
 
 
@@ -21,12 +21,15 @@ def add_parser(sub):
     p.set_defaults(run=lambda args: _usage(p))
     actions = p.add_subparsers(dest="data_command", metavar="ACTION")
 
-    d = actions.add_parser("download", help="download a dataset (cifar10) into the data directory")
+    d = actions.add_parser("download", help="download a dataset (cifar10, binarized_mnist) into the data directory")
     d.add_argument("dataset", help=", ".join(DOWNLOADABLE))
     _add_data_dir(d)
     d.add_argument("--base-url", default=None, metavar="URL",
                    help="mirror to fetch from instead of the official site (the file name is appended)")
-    d.add_argument("--md5", default=None, metavar="HEX", help="expected md5 instead of the published one")
+    d.add_argument("--md5", default=None, metavar="HEX", help="cifar10: expected md5 instead of the published one")
+    d.add_argument("--sha256", action="append", default=[], metavar="FILE=HEX",
+                   help="binarized_mnist: expected sha256 of one file instead of the published one; FILE is "
+                        "train, valid, test or the file name (binarized_mnist_train.amat); repeat for each file")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_debug(d)
     d.set_defaults(run=run_download)
@@ -61,33 +64,61 @@ def run_download(args) -> int:
     if name not in DOWNLOADABLE:
         raise UserError(f"data download: unknown dataset {args.dataset!r}; downloadable: {', '.join(DOWNLOADABLE)} "
                         f"(embedded, no download needed: {', '.join(EMBEDDED)})")
-    if args.md5 is not None and not _is_md5(args.md5):
+    if args.md5 is not None and name != "cifar10":
+        raise UserError(f"--md5 is for cifar10; {name} is checked with --sha256 FILE=HEX")
+    if args.sha256 and name != "binarized_mnist":
+        raise UserError(f"--sha256 is for binarized_mnist; {name} is checked with --md5 HEX")
+    if args.md5 is not None and not _is_hex(args.md5, 32):
         raise UserError(f"--md5 expects 32 hex digits, got {args.md5!r}")
-    from flaxport.data.download import download_cifar10
-
+    sha256 = dict(_file_digest(item) for item in args.sha256)
     data_dir = _data_dir(args)
     if data_dir.exists() and not data_dir.is_dir():
         raise UserError(f"--data-dir {data_dir} exists and is not a directory")
-    path = download_cifar10(data_dir, base_url=args.base_url, md5=args.md5, progress=not args.no_progress)
-    print(f"cifar10: {path}")
+    progress = not args.no_progress
+    if name == "cifar10":
+        from flaxport.data.download import download_cifar10
+
+        path = download_cifar10(data_dir, base_url=args.base_url, md5=args.md5, progress=progress)
+        print(f"cifar10: {path}")
+        return 0
+    from flaxport.data.download import download_binarized_mnist
+
+    paths = download_binarized_mnist(data_dir, base_url=args.base_url, sha256=sha256, progress=progress)
+    for split, path in paths.items():
+        print(f"binarized_mnist {split}: {path}")
     return 0
 
 
-def _is_md5(text: str) -> bool:
-    return len(text) == 32 and all(c in "0123456789abcdefABCDEF" for c in text)
+def _is_hex(text: str, n: int) -> bool:
+    return len(text) == n and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def _file_digest(item: str) -> tuple[str, str]:
+    """'train=HEX' -> ('train', 'hex'); which FILE names exist is download_binarized_mnist's to check."""
+    file, sep, digest = item.partition("=")
+    if not sep or not file.strip() or not _is_hex(digest.strip(), 64):
+        raise UserError(f"--sha256 expects FILE=HEX with 64 hex digits (e.g. train=ad69...), got {item!r}")
+    return file.strip(), digest.strip().lower()
 
 
 def run_list(args) -> int:
-    from flaxport.data import cifar10, digits
+    from flaxport.data import binarized_mnist, cifar10, digits
 
     data_dir = _data_dir(args)
     origin = "--data-dir" if args.data_dir else ("$FLAXPORT_DATA" if os.environ.get("FLAXPORT_DATA") else "default")
     print(f"data directory: {data_dir} ({origin})")
-    print(f"{'digits':9s} embedded  {digits.NPZ} (1797 8x8 scikit-learn digits, resampled on load)")
+    print(f"{'digits':15s} embedded  {digits.NPZ} (1797 8x8 scikit-learn digits, resampled on load)")
     found = cifar10.find(data_dir)
     if found is not None:
-        print(f"{'cifar10':9s} present   {found}")
+        print(f"{'cifar10':15s} present   {found}")
     else:
-        print(f"{'cifar10':9s} missing   looked for {data_dir / cifar10.DIRNAME}/ and {data_dir / cifar10.ARCHIVE} "
+        print(f"{'cifar10':15s} missing   looked for {data_dir / cifar10.DIRNAME}/ and {data_dir / cifar10.ARCHIVE} "
               f"(`flaxport data download cifar10 --data-dir {data_dir}` fetches it)")
+    # Presence only: parsing the 78 MB train file is load()'s job, not a listing's.
+    absent = binarized_mnist.missing(data_dir)
+    if not absent:
+        print(f"{'binarized_mnist':15s} present   {data_dir} ({', '.join(binarized_mnist.FILES.values())})")
+    else:
+        print(f"{'binarized_mnist':15s} missing   {', '.join(p.name for p in absent)} not in {data_dir} "
+              f"(`flaxport data download binarized_mnist --data-dir {data_dir}` fetches it)")
     return 0

@@ -128,3 +128,37 @@ def load(size: int = 32, channels: int = 3, seed: int = 0, test_fraction: float 
             "seed": seed,
         },
     )
+
+
+def binarized(size: int = 28, threshold: float = 0.5, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
+    """The digits as 0/1 images for a Bernoulli VAE: the offline stand-in for binarized MNIST.
+
+    Each 8x8 image is resampled bilinearly to size x size (`upscale`), scaled to [0, 1]
+    (value / 16) and set to 1 where strictly above `threshold`. The split is `load`'s
+    (same seed, same test_fraction, so the same images on each side).
+    train/test: {"image": uint8 (N, size, size, 1) of 0/1, "label": int32 (N,)}; with the
+    defaults 1438 train and 359 test images. meta: classes, source, n_train, n_test, seed, threshold.
+    """
+    if not isinstance(size, (int, np.integer)) or size < 1:
+        raise UserError(f"digits: image size must be a positive integer, got {size!r}")
+    if not isinstance(threshold, (int, float, np.floating, np.integer)) or not 0.0 <= threshold < 1.0:
+        raise UserError(f"digits: threshold must be a number in [0, 1), got {threshold!r}")
+    images, labels = raw()
+    # Dividing by 16 (a power of two) is exact: thresholding adds no rounding of its own.
+    grey = upscale(images, int(size)).astype(np.float64) / 16.0
+    bits = np.ascontiguousarray((grey > threshold).astype(np.uint8)[..., None])
+    train_idx, test_idx = stratified_split(labels, test_fraction, seed)
+    how = "no resampling" if size == 8 else f"bilinear to {size}x{size}"
+    return Dataset(
+        name="digits",
+        train={"image": bits[train_idx], "label": labels[train_idx]},
+        test={"image": bits[test_idx], "label": labels[test_idx]},
+        meta={
+            "classes": list(CLASSES),
+            "source": f"scikit-learn 8x8 digits (embedded), {how}, binarized at {threshold:g}",
+            "n_train": int(len(train_idx)),
+            "n_test": int(len(test_idx)),
+            "seed": seed,
+            "threshold": float(threshold),
+        },
+    )

@@ -22,6 +22,17 @@ from flaxport.errors import UserError
 
 CIFAR10_BASE_URL = "https://www.cs.toronto.edu/~kriz/"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"  # published on https://www.cs.toronto.edu/~kriz/cifar.html
+# Larochelle's canonical location (plain http, as every reference uses; the checksums,
+# not the transport, vouch for the bytes).
+BINARIZED_MNIST_BASE_URL = "http://www.cs.toronto.edu/~larocheh/public/datasets/binarized_mnist/"
+# sha256 (and sizes) of those three URLs as recorded by TensorFlow Datasets, in
+# tensorflow/datasets: tensorflow_datasets/url_checksums/binarized_mnist.txt
+# (train 78400000 bytes, valid and test 15680000: 1568 bytes a line, 50000/10000/10000 lines).
+BINARIZED_MNIST_SHA256 = {
+    "binarized_mnist_train.amat": "ad693b29f94c14277b095f5238ddefbbdaaae0939789dd2f4f0205278cee3e4d",
+    "binarized_mnist_valid.amat": "1de3d397c40fe8eeb33dafd4099a1f665ec01e96d9be234aaeeac8a34930e2e2",
+    "binarized_mnist_test.amat": "e6687bfea3f820c174f33b7865140b2a2dd2930ef786f35d45795fc193b5ab2c",
+}
 USER_AGENT = "flaxport-data (python urllib)"
 
 # URLError, timeouts and connection resets are all OSError; http.client adds its own.
@@ -191,3 +202,34 @@ def download_cifar10(data_dir=None, base_url: str | None = None, md5: str | None
     path = fetch(url, data_dir / cifar10.ARCHIVE, md5=md5 or CIFAR10_MD5, progress=progress)
     cifar10.load_path(path)
     return path
+
+
+def download_binarized_mnist(data_dir=None, base_url: str | None = None, sha256: dict | None = None,
+                             progress: bool = True) -> dict:
+    """Fetch binarized_mnist_{train,valid,test}.amat into `data_dir`; returns {split: Path}.
+
+    `base_url` replaces BINARIZED_MNIST_BASE_URL (mirrors, tests). `sha256` maps a split
+    ("train") or a file name ("binarized_mnist_train.amat") to the expected hex digest,
+    replacing the published one for that file only. The files are then parsed once with
+    `binarized_mnist.load`, so a damaged or foreign file is reported now, naming its line.
+    """
+    from flaxport.data import binarized_mnist  # binarized_mnist imports this module
+
+    data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
+    expected = dict(BINARIZED_MNIST_SHA256)
+    for key, digest in (sha256 or {}).items():
+        name = binarized_mnist.FILES.get(key, key)
+        if name not in expected:
+            raise UserError(f"download: no binarized_mnist file {key!r} to give a checksum for "
+                            f"(one of {', '.join(binarized_mnist.SPLITS)} or {', '.join(expected)})")
+        expected[name] = digest
+    base = base_url or BINARIZED_MNIST_BASE_URL
+    base += "" if base.endswith("/") else "/"
+    # Smallest first: a wrong mirror or checksum shows up before the 78 MB file is fetched.
+    order = sorted(binarized_mnist.SPLITS, key=lambda s: s == "train")
+    dests = binarized_mnist.paths(data_dir)
+    for split in order:
+        name = binarized_mnist.FILES[split]
+        fetch(base + name, dests[split], sha256=expected[name], progress=progress)
+    binarized_mnist.load(data_dir)
+    return dests
