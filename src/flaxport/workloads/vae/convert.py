@@ -7,7 +7,10 @@
   decoder.fc1.*, decoder.fc2.*    params/decoder/fc1/*, params/decoder/fc2/*
   *.bias (out,)                   */bias (out,)
 
-Only Linear layers, so a weight is transposed and nothing else. Imports NumPy/JAX only.
+Only Linear layers, so a weight is transposed and nothing else. The Keras twin
+(model_keras.py) names its Dense layers enc_fc1, enc_fc2_mean, enc_fc2_logvar, dec_fc1,
+dec_fc2; a Keras kernel is (in, out) like Flax's, so it carries over as is.
+Imports NumPy/JAX only: Keras variables are read and assigned duck-typed.
 """
 from __future__ import annotations
 
@@ -17,6 +20,11 @@ import numpy as np
 
 LAYERS = (("encoder", "fc1"), ("encoder", "fc2_mean"), ("encoder", "fc2_logvar"), ("decoder", "fc1"),
           ("decoder", "fc2"))
+
+
+KERAS_LAYERS = {"enc_fc1": ("encoder", "fc1"), "enc_fc2_mean": ("encoder", "fc2_mean"),
+                "enc_fc2_logvar": ("encoder", "fc2_logvar"), "dec_fc1": ("decoder", "fc1"),
+                "dec_fc2": ("decoder", "fc2")}
 
 
 def _np(v) -> np.ndarray:
@@ -71,3 +79,30 @@ def state_from_torch(config, torch_vae):
     shapes = jax.eval_shape(lambda: step.init_state(config, jax.random.key(0)))
     params = jax.tree.map(jnp.asarray, torch_to_flax(config, torch_vae.model.state_dict())["params"])
     return shapes.replace(step=0, params=params, opt_state=shapes.tx.init(params))
+
+
+def _keras_slot(variable):
+    layer, name = variable.path.split("/")[-2:]
+    if layer not in KERAS_LAYERS or name not in ("kernel", "bias"):
+        raise ValueError(f"unexpected Keras variable {variable.path!r}")
+    return KERAS_LAYERS[layer], name
+
+
+def keras_to_flax(net) -> dict:
+    """A built model_keras.VAE -> {"params": ...} (NumPy copies)."""
+    params: dict = {"encoder": {}, "decoder": {}}
+    for v in net.trainable_variables:
+        (part, layer), name = _keras_slot(v)
+        params[part].setdefault(layer, {})[name] = np.array(v.numpy(), copy=True)
+    return {"params": params}
+
+
+def flax_to_keras(variables, net) -> None:
+    """Assign Flax params into a built model_keras.VAE in place; every variable, shapes checked."""
+    p = jax.tree.map(np.asarray, variables["params"])
+    for v in net.trainable_variables:
+        (part, layer), name = _keras_slot(v)
+        value = p[part][layer][name]
+        if tuple(value.shape) != tuple(v.shape):
+            raise ValueError(f"shape mismatch for {v.path!r}: {value.shape}, expected {tuple(v.shape)}")
+        v.assign(value)
