@@ -95,6 +95,8 @@ def _fmt_q(stat) -> str:
     mean, std = stat["mean"], stat["std"]
     if isinstance(mean, list):
         return "/".join(f"{m:.2f}" for m in mean) + ("" if not any(std) else " ±" + "/".join(f"{s:.2f}" for s in std))
+    if not std and float(mean).is_integer():  # a setting such as iwae_k, not a measurement
+        return str(int(mean))
     return f"{mean:.4f}" + (f" ±{std:.4f}" if std else "")
 
 
@@ -125,7 +127,7 @@ def to_markdown(rep: dict) -> str:
         lines.append(row)
     if flops:
         lines += ["", f"GFLOP/s = {flops:.3f} GFLOP of model arithmetic per train step (2 x multiply-adds of the",
-                  "convs and matmuls, forward and backward) x steps / steady epoch seconds; one count for every run."]
+                  "matmuls and convolutions, forward and backward) x steps / steady epoch seconds; one count for every run."]
     notes = {}
     for r in rep["runs"]:
         st = r.get("settings", {})

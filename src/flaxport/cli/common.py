@@ -17,8 +17,8 @@ def add_debug(p):
 
 def add_train_flags(p, epochs_default=None):
     """The `train` contract every workload honours (compare shares most of it)."""
-    p.add_argument("workload", help="gan")
-    p.add_argument("--config", default="default", help="config variant: default, smoke, bench, tuned")
+    p.add_argument("workload", help="gan, cnn or vae")
+    p.add_argument("--config", default="default", help="config variant: default, smoke, bench (gan also: tuned)")
     p.add_argument("--epochs", type=int, default=epochs_default, help="epochs (default: the config's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None, help="run directory (default runs/WORKLOAD-...)")
@@ -69,6 +69,9 @@ def apply_overrides(config, items):
         if key not in fields or key == "variant":
             raise UserError(f"--set: {config.__class__.__module__.split('.')[-2]} config has no field {key!r}")
         changes[key] = _parse_like(getattr(config, key), raw, key)
+        current = getattr(config, key)
+        if isinstance(current, int) and not isinstance(current, bool) and current > 0 and changes[key] < 1:
+            raise UserError(f"--set {key}: must be at least 1, got {changes[key]}")  # sizes, counts, epochs
         allowed = getattr(type(config), "CHOICES", {}).get(key)
         if allowed and changes[key] not in allowed:
             raise UserError(f"--set {key}: {raw!r} is not one of {', '.join(allowed)}")
@@ -117,6 +120,9 @@ def load_data(workload, config, args):
 
     data = workload.load_data(config, getattr(args, "data", None), getattr(args, "data_dir", None)
                               or os.environ.get("FLAXPORT_DATA"))
+    from flaxport.harness.metrics import steps_per_epoch
+
+    steps_per_epoch(data, config.batch_size)  # too few examples: refuse before a workdir is made
     sizes = "/".join(str(len(next(iter(split.values())))) for split in (data.train, data.test) if split)
     info(f"data: {data.name} ({data.meta.get('source', 'synthetic')}; {sizes} train/test examples)")
     return data

@@ -61,9 +61,13 @@ def load_trained(workload_name: str, workdir):
 
 
 def _with_n(config, n):
+    """config with its sample count set to n: n_eval (gan) or n_samples (vae)."""
     import dataclasses
 
-    return config if n is None else dataclasses.replace(config, n_eval=n)
+    if n is None:
+        return config
+    field = "n_eval" if hasattr(config, "n_eval") else "n_samples"
+    return dataclasses.replace(config, **{field: n})
 
 
 def run(args) -> int:

@@ -20,7 +20,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     workload, config, info, evaluate = load_trained(args.workload, args.workdir)
-    if args.n is not None and not hasattr(config, "n_eval"):
+    if args.n is not None and not (hasattr(config, "n_eval") or hasattr(config, "n_samples")):
         raise UserError(f"--n: {workload.name} draws no samples; `sample` rewrites its pictures from the checkpoint")
     if args.n is not None and args.n < 1:
         raise UserError(f"--n must be at least 1, got {args.n}")

@@ -114,7 +114,8 @@ def _pictures(state: TrainState, x, z):
 def pictures(config, state: TrainState, images_u8, key, n_recon: int = 16):
     """{'inputs', 'reconstructions' (posterior mean), 'samples' (prior)}: (n, H, W) float in [0, 1]."""
     side = config.image_size
-    x = np.asarray(images_u8[:n_recon]).reshape(n_recon, -1).astype(np.float32)
+    x = np.asarray(images_u8[:n_recon])
+    x = x.reshape(len(x), -1).astype(np.float32)  # fewer than n_recon when the test split is smaller
     z = jax.random.normal(key, (config.n_samples, config.latents))
     recon, samples = _pictures(state, x, z)
     return {"inputs": x.reshape(-1, side, side), "reconstructions": np.asarray(recon).reshape(-1, side, side),
