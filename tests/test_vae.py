@@ -4,7 +4,6 @@ Expensive runs (one smoke epoch per framework) are module-scoped and shared; tes
 change a run work on a copy.
 """
 import functools
-import importlib.util
 import json
 import math
 import shutil
@@ -12,63 +11,26 @@ import shutil
 import numpy as np
 import pytest
 
+import runs
 from conftest import run_cli
 from flaxport.data import binarized_mnist
 
 N_TRAIN, N_TEST = 1438, 359  # digits, binarized to 28x28
-HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_TORCH = runs.HAS_TORCH
 needs_torch = [pytest.mark.torch, pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")]
-PNG = b"\x89PNG\r\n\x1a\n"
+PNG = runs.PNG
 
 
 def _train(cli, workdir, *args):
-    proc = cli("train", "vae", "--workdir", workdir, "--no-progress", *args)
-    assert proc.returncode == 0, proc.stderr
-    return proc
-
-
-def _records(workdir):
-    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return runs.train(cli, "vae", workdir, *args)
 
 
 def _evaluate(cli, workdir, *args):
-    proc = cli("evaluate", "vae", "--workdir", workdir, *args)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return runs.evaluate(cli, "vae", workdir, *args)
 
 
-def _one_line_error(proc, *needles):
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr, proc.stderr
-    mine = [l for l in proc.stderr.strip().splitlines() if l.startswith("flaxport:")]
-    assert len(mine) == 1 and mine[0].startswith("flaxport: error: "), proc.stderr
-    for n in needles:
-        assert n in mine[0], mine[0]
-
-
-def _jax_state(workdir, epochs_done):
-    """The whole saved train state (params, Adam moments, step) as flat NumPy leaves."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    tree = ocp.StandardCheckpointer().restore((workdir / "checkpoints" / str(epochs_done) / "state").absolute())
-    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(tree)}
-
-
-def _torch_state(workdir, epochs_done):
-    import torch
-
-    sd = torch.load(workdir / "checkpoints" / f"epoch_{epochs_done}.pt", weights_only=False)["state"]
-    out = {f"model.{k}": v.numpy() for k, v in sd["model"].items()}
-    for pid, st in sd["opt"]["state"].items():
-        out.update({f"opt.{pid}.{k}": np.asarray(v) for k, v in st.items()})
-    return out
-
-
-def _assert_same_state(a, b):
-    assert sorted(a) == sorted(b)
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+_records, _one_line_error = runs.records, runs.one_line_error
+_jax_state, _torch_state, _assert_same_state = runs.jax_state, runs.torch_state, runs.assert_same_state
 
 
 @pytest.fixture(scope="module")
