@@ -11,6 +11,8 @@ import tarfile
 import numpy as np
 import pytest
 
+import runs
+
 from flaxport.data import cifar10, digits, download
 from flaxport.errors import UserError
 from httpfixture import server  # noqa: F401 - a pytest fixture, used by name
@@ -416,13 +418,7 @@ def test_download_cifar10_defaults_to_the_official_url(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------- CLI
 
-def _one_line_error(proc, *needles):
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    err = proc.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("flaxport: error: "), proc.stderr
-    for n in needles:
-        assert n in err[0], err[0]
+_one_line_error = runs.one_line_error
 
 
 def test_cli_data_download_cifar10(cli, server, payload, tmp_path):

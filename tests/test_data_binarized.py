@@ -7,6 +7,8 @@ import sys
 import numpy as np
 import pytest
 
+import runs
+
 from flaxport.data import binarized_mnist as bm
 from flaxport.data import digits, download
 from flaxport.errors import UserError
@@ -240,13 +242,7 @@ def test_download_defaults_to_the_published_urls_and_checksums(monkeypatch, tmp_
 
 # ---------------------------------------------------------------- CLI
 
-def _one_line_error(proc, *needles):
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    err = proc.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("flaxport: error: "), proc.stderr
-    for n in needles:
-        assert n in err[0], err[0]
+_one_line_error = runs.one_line_error
 
 
 def test_cli_download_then_list(cli, mirror, tmp_path):

@@ -6,7 +6,6 @@ change a run work on a copy.
 import functools
 import json
 import math
-import shutil
 
 import numpy as np
 import pytest
@@ -30,7 +29,7 @@ def _evaluate(cli, workdir, *args):
 
 
 _records, _one_line_error = runs.records, runs.one_line_error
-_jax_state, _torch_state, _assert_same_state = runs.jax_state, runs.torch_state, runs.assert_same_state
+_jax_state, _assert_same_state = runs.jax_state, runs.assert_same_state
 
 
 @pytest.fixture(scope="module")
@@ -197,39 +196,14 @@ def test_fewer_examples_than_a_batch_is_refused_before_any_file(cli, tmp_path, m
 
 # -- 5, 6: exactness --------------------------------------------------------------------------
 
-def _strip(records):
-    """metrics.jsonl records without wall-clock fields: epoch, steps, train, quality."""
-    return [{k: r[k] for k in ("epoch", "steps", "train", "quality")} for r in records]
-
-
 def test_jax_resume_is_bit_identical_to_an_uninterrupted_run(cli, tmp_path, jax_smoke):
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    _train(cli, full, "--config", "smoke", "--epochs", "2")
-    shutil.copytree(jax_smoke[0], cut)  # the shared 1-epoch run, resumed on a copy
-    proc = _train(cli, cut, "--config", "smoke", "--epochs", "2", "--resume")
-    assert "resuming vae from epoch 1" in proc.stderr
-    assert [r["epoch"] for r in _records(cut)] == [1, 2]
-    assert _strip(_records(full)) == _strip(_records(cut))  # losses and quality, exactly
-    _assert_same_state(_jax_state(full, 2), _jax_state(cut, 2))  # so `evaluate` agrees too
+    runs.assert_jax_resume_exact(cli, "vae", jax_smoke[0], tmp_path)
 
 
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
 def test_torch_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
-    # In-process (the CLI's torch path is covered above): three runs without three interpreter starts.
-    from flaxport.harness import torch_loop
-    from flaxport.workloads import registry
-
-    vae = registry.get("vae")
-    config = vae.get_config("smoke")
-    kw = dict(data=vae.load_data(config), progress=False, quiet=True, options=torch_loop.EAGER)
-    full = torch_loop.train(vae, config, workdir=tmp_path / "full", epochs=2, **kw)
-    torch_loop.train(vae, config, workdir=tmp_path / "cut", epochs=1, **kw)
-    resumed = torch_loop.train(vae, config, workdir=tmp_path / "cut", epochs=2, resume=True, **kw)
-    assert [h["epoch"] for h in resumed.history] == [2]
-    assert _strip(_records(tmp_path / "full")) == _strip(_records(tmp_path / "cut"))
-    assert full.quality == resumed.quality
-    _assert_same_state(_torch_state(tmp_path / "full", 2), _torch_state(tmp_path / "cut", 2))
+    runs.assert_torch_resume_exact("vae", tmp_path)
 
 
 @pytest.mark.slow  # ~10 s; `compare` below checks the two runners' quality too
@@ -238,7 +212,7 @@ def test_step_and_scan_runners_agree_exactly(cli, tmp_path, jax_smoke):
     step = tmp_path / "step"
     _train(cli, step, "--config", "smoke", "--runner", "step")
     assert json.loads((step / "config.json").read_text())["config"]["runner"] == "step"
-    assert _strip(_records(step)) == _strip(_records(scan))
+    assert runs.strip(_records(step)) == runs.strip(_records(scan))
     _assert_same_state(_jax_state(step, 1), _jax_state(scan, 1))
 
 

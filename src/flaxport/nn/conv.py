@@ -12,7 +12,7 @@ Three things differ from `flax.linen.Conv` at its defaults and break ports:
 `impl` picks how the convolution runs on XLA. "im2col" gathers the kh*kw shifted views
 into one (N*H*W, kh*kw*cin) matrix and multiplies once; "xla" calls
 `lax.conv_general_dilated`. Same numbers up to float rounding; on XLA:CPU im2col is the
-faster one for small convolutions (README, "cnn: where the time goes"), and a conv
+faster one for small convolutions (README, "CNN speed"), and a conv
 inside `lax.scan` there runs far slower than the same conv jitted alone (jax#12868)
 while the matmul form does not.
 """

@@ -44,11 +44,6 @@ def _fc1_to_torch(k, c, h, wd):
     return np.ascontiguousarray(k.reshape(h, wd, c, out).transpose(3, 2, 0, 1).reshape(out, c * h * wd))
 
 
-def _fc1_geometry(config):
-    side = config.image_size // 2 ** len(config.conv_widths)
-    return config.conv_widths[-1], side, side
-
-
 def torch_to_flax(config, state_dict) -> dict:
     """torch state_dict of model_torch.CNN -> {"params", "batch_stats"} (NumPy copies).
 
@@ -71,7 +66,7 @@ def torch_to_flax(config, state_dict) -> dict:
                               "bias": sd[f"conv{i}.bias"]}
         params[f"bn{i}"] = {"scale": sd[f"bn{i}.weight"], "bias": sd[f"bn{i}.bias"]}
         stats[f"bn{i}"] = {"mean": sd[f"bn{i}.running_mean"], "var": sd[f"bn{i}.running_var"]}
-    params["fc1"] = {"kernel": _fc1_to_flax(sd["fc1.weight"], *_fc1_geometry(config)), "bias": sd["fc1.bias"]}
+    params["fc1"] = {"kernel": _fc1_to_flax(sd["fc1.weight"], *model.flat_geometry(config)), "bias": sd["fc1.bias"]}
     params["fc2"] = {"kernel": np.ascontiguousarray(sd["fc2.weight"].T), "bias": sd["fc2.bias"]}
     return {"params": params, "batch_stats": stats}
 
@@ -91,7 +86,7 @@ def flax_to_torch(config, variables, num_batches_tracked: int = 0) -> dict:
             out[f"bn{i}.running_mean"] = np.asarray(stats[f"bn{i}"]["mean"])
             out[f"bn{i}.running_var"] = np.asarray(stats[f"bn{i}"]["var"])
             out[f"bn{i}.num_batches_tracked"] = np.array(num_batches_tracked, dtype=np.int64)
-    out["fc1.weight"] = _fc1_to_torch(p["fc1"]["kernel"], *_fc1_geometry(config))
+    out["fc1.weight"] = _fc1_to_torch(p["fc1"]["kernel"], *model.flat_geometry(config))
     out["fc1.bias"] = p["fc1"]["bias"]
     out["fc2.weight"] = np.ascontiguousarray(p["fc2"]["kernel"].T)
     out["fc2.bias"] = p["fc2"]["bias"]

@@ -40,10 +40,16 @@ def cnn(config) -> CNN:
                bn_eps=config.bn_eps, bn_momentum=config.bn_momentum, conv_impl=config.conv_impl)
 
 
+def flat_geometry(config) -> tuple:
+    """(channels, height, width) of the activation fc1 flattens."""
+    side = config.image_size // 2 ** len(config.conv_widths)
+    return config.conv_widths[-1], side, side
+
+
 def flat_features(config) -> int:
     """fc1's input width: the last conv's channels times the pooled image area."""
-    side = config.image_size // 2 ** len(config.conv_widths)
-    return config.conv_widths[-1] * side * side
+    c, h, w = flat_geometry(config)
+    return c * h * w
 
 
 def train_flops(config) -> int:

@@ -27,8 +27,9 @@ def write_pictures(workdir, data, artifacts, label: str) -> list:
     if "inputs" in artifacts:
         pairs = np.stack([artifacts["inputs"], artifacts["reconstructions"]], axis=1)
         pairs = pairs.reshape(-1, *pairs.shape[2:])
-        for name, images, cols, title in (("reconstructions.png", pairs, 8, "input | reconstruction (posterior mean)"),
-                                          ("samples.png", artifacts["samples"], 8, "samples from the prior (Bernoulli means)")):
+        grids = (("reconstructions.png", pairs, 8, "input | reconstruction (posterior mean)"),
+                 ("samples.png", artifacts["samples"], 8, "samples from the prior (Bernoulli means)"))
+        for name, images, cols, title in grids:
             fig, ax = plt.subplots(figsize=(6, 6 * (-(-len(images) // cols)) / cols + 0.6))
             ax.imshow(_grid(np.asarray(images), cols), cmap="gray", vmin=0, vmax=1)
             ax.set_axis_off()

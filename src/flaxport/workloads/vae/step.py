@@ -67,9 +67,13 @@ def make_train_step(config):
     return train_step
 
 
-def log_weights(apply_fn, params, x, eps_k):
-    """Importance log-weights log p(x, z_k) - log q(z_k | x): x (E, P), eps_k (E, K, L) -> (E, K)."""
-    mean, logvar = apply_fn({"params": params}, x, method=model.VAE.encode)
+def log_weights(apply_fn, params, x, eps_k, posterior=None):
+    """Importance log-weights log p(x, z_k) - log q(z_k | x): x (E, P), eps_k (E, K, L) -> (E, K).
+
+    posterior: q's (mean, logvar) when the caller has them already."""
+    if posterior is None:
+        posterior = apply_fn({"params": params}, x, method=model.VAE.encode)
+    mean, logvar = posterior
     z = mean[:, None] + eps_k * jnp.exp(0.5 * logvar)[:, None]
     logits = apply_fn({"params": params}, z, method=model.VAE.decode)
     log_px_z = -bce_with_logits(logits, x[:, None])
@@ -80,9 +84,11 @@ def log_weights(apply_fn, params, x, eps_k):
 
 @jax.jit
 def _eval_chunk(state: TrainState, x, eps1, eps_k):
-    logits, mean, logvar = state.apply_fn({"params": state.params}, x, eps1)
+    mean, logvar = state.apply_fn({"params": state.params}, x, method=model.VAE.encode)
+    logits = state.apply_fn({"params": state.params}, model.reparameterize(mean, logvar, eps1),
+                            method=model.VAE.decode)
     nelbo = bce_with_logits(logits, x) + kl_divergence(mean, logvar)
-    return nelbo, log_weights(state.apply_fn, state.params, x, eps_k)
+    return nelbo, log_weights(state.apply_fn, state.params, x, eps_k, (mean, logvar))
 
 
 def evaluate_bounds(config, state: TrainState, images_u8, key):

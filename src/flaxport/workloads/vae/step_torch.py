@@ -44,10 +44,16 @@ def flatten(images_u8: torch.Tensor) -> torch.Tensor:
     return images_u8.reshape(len(images_u8), -1).float()
 
 
-def final_loss(logits, x, mean, logvar):
-    """(mean negative ELBO, bce mean, kl mean): per-example sums, averaged over the batch."""
+def per_example(logits, x, mean, logvar):
+    """(Bernoulli NLL summed over pixels, KL to N(0, I)), each (B,)."""
     bce = nn.functional.binary_cross_entropy_with_logits(logits, x, reduction="none").sum(-1)
     kl = -0.5 * torch.sum(1 + logvar - mean.pow(2) - logvar.exp(), dim=-1)
+    return bce, kl
+
+
+def final_loss(logits, x, mean, logvar):
+    """(mean negative ELBO, bce mean, kl mean): per-example sums, averaged over the batch."""
+    bce, kl = per_example(logits, x, mean, logvar)
     return (bce + kl).mean(), bce.mean(), kl.mean()
 
 
@@ -73,9 +79,9 @@ def compile_models(ts: TorchVAE) -> None:
 
 
 @torch.no_grad()
-def log_weights(net, x, eps_k):
-    """Importance log-weights: x (E, P), eps_k (E, K, L) -> (E, K)."""
-    mean, logvar = net.encoder(x)
+def log_weights(net, x, eps_k, posterior=None):
+    """Importance log-weights: x (E, P), eps_k (E, K, L) -> (E, K); posterior: (mean, logvar) if known."""
+    mean, logvar = posterior if posterior is not None else net.encoder(x)
     z = mean[:, None] + eps_k * torch.exp(0.5 * logvar)[:, None]
     logits = net.decoder(z)
     xk = x[:, None].expand_as(logits)
@@ -94,11 +100,11 @@ def evaluate(config, ts: TorchVAE, data, seed: int):
         x = flatten(torch.from_numpy(np.ascontiguousarray(images[start:start + config.eval_batch])))
         eps1 = torch.randn((len(x), config.latents), generator=gen)
         eps_k = torch.randn((len(x), config.iwae_k, config.latents), generator=gen)
-        logits, mean, logvar = ts.model(x, eps1)
-        bce = nn.functional.binary_cross_entropy_with_logits(logits, x, reduction="none").sum(-1)
-        kl = -0.5 * torch.sum(1 + logvar - mean.pow(2) - logvar.exp(), dim=-1)
+        mean, logvar = ts.model.encoder(x)
+        logits = ts.model.decoder(mean + eps1 * torch.exp(0.5 * logvar))
+        bce, kl = per_example(logits, x, mean, logvar)
         nelbo.append((bce + kl).numpy())
-        logw.append(log_weights(ts.model, x, eps_k).numpy())
+        logw.append(log_weights(ts.model, x, eps_k, (mean, logvar)).numpy())
     side = config.image_size
     x = flatten(torch.from_numpy(np.ascontiguousarray(images[:16])))
     mean, _ = ts.model.encoder(x)
