@@ -4,6 +4,7 @@ Expensive runs (one smoke epoch per framework) are module-scoped and shared; tes
 change a run work on a copy.
 """
 import functools
+import importlib.util
 import json
 import math
 
@@ -16,7 +17,9 @@ from flaxport.data import binarized_mnist
 
 N_TRAIN, N_TEST = 1438, 359  # digits, binarized to 28x28
 HAS_TORCH = runs.HAS_TORCH
+HAS_KERAS = importlib.util.find_spec("keras") is not None
 needs_torch = [pytest.mark.torch, pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")]
+needs_keras = [pytest.mark.keras, pytest.mark.skipif(not HAS_KERAS, reason="needs Keras 3")]
 PNG = runs.PNG
 
 
@@ -65,7 +68,17 @@ def mnist_dir(tmp_path_factory):
     return binarized_mnist.write_fixture(tmp_path_factory.mktemp("binarized_mnist"))
 
 
-SMOKE = [pytest.param("jax_smoke", id="jax"), pytest.param("torch_smoke", id="torch", marks=needs_torch)]
+@pytest.fixture(scope="module")
+def keras_smoke(tmp_path_factory, cli):
+    """Keras's own `fit` on its JAX backend (the default when KERAS_BACKEND is unset)."""
+    if not HAS_KERAS:
+        pytest.skip("needs Keras 3")
+    work = tmp_path_factory.mktemp("vae") / "keras"
+    return work, _train(cli, work, "--config", "smoke", "--framework", "keras")
+
+
+SMOKE = [pytest.param("jax_smoke", id="jax"), pytest.param("torch_smoke", id="torch", marks=needs_torch),
+         pytest.param("keras_smoke", id="keras", marks=needs_keras)]
 
 
 # -- 1, 2: a smoke run on digits and its evaluation ------------------------------------------
@@ -156,6 +169,17 @@ def test_sample_rewrites_pictures_and_refuses_n(jax_smoke, cli):
     _one_line_error(cli("sample", "vae", "--workdir", work, "--n", "0"), "--n", "at least 1")
 
 
+def test_keras_run_is_named_by_backend_and_other_workloads_refuse_keras(keras_smoke, cli):
+    work, proc = keras_smoke
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["name"] == "keras-jax"
+    assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["epoch_1.npz"]
+    _one_line_error(cli("train", "gan", "--framework", "keras", "--workdir", work.parent / "gan"),
+                    "gan has no Keras twin")
+    assert not (work.parent / "gan").exists()  # refused before a workdir exists
+    _one_line_error(cli("compare", "cnn", "--runs", "keras-jax", "--workdir", work.parent / "cmp"),
+                    "cnn has no keras-jax")
+
+
 def _corrupt(tmp_path):
     """The fixture with line 4 of the test file one value short (783 values)."""
     data_dir = binarized_mnist.write_fixture(tmp_path / "corrupt")
@@ -243,7 +267,7 @@ def test_default_config_reaches_below_130_nats_in_both_frameworks(cli, tmp_path)
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
 def test_compare_reports_every_run(cli, tmp_path):
-    runs = ["torch-tuned", "jax-step", "jax-scan"]
+    runs = ["torch-tuned", "jax-step", "jax-scan"] + (["keras-jax"] if HAS_KERAS else [])
     work = tmp_path / "cmp"
     proc = cli("compare", "vae", "--epochs", "2", "--runs", ",".join(runs), "--workdir", work, "--no-progress")
     assert proc.returncode == 0, proc.stderr

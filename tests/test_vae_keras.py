@@ -119,3 +119,65 @@ def test_torch_backend_matches_flax(config, tmp_path):
     assert float(out["loss"]) == pytest.approx(want_loss, rel=1e-6)
     for k in want:
         np.testing.assert_allclose(out["g:" + k], want[k], err_msg=k, **TOL)
+
+
+# -- Keras's own training path: `fit` -------------------------------------------------------
+
+def test_one_fit_step_is_one_adam_step_on_the_flax_gradient(config):
+    """`fit` draws its noise from the model's SeedGenerator and steps Keras's Adam. From the
+    same weights, the same noise (redrawn outside from the same seed) gives the Flax loss,
+    and the update equals optax's Adam with eps / sqrt(1 - b2): Keras adds eps before the
+    bias correction of v (torch and optax after it), which at step 1 scales it by that."""
+    import dataclasses
+
+    import keras
+    import optax
+
+    from flaxport.workloads.vae import step_keras
+
+    if keras.backend.backend() != "jax":
+        pytest.skip(f"this process runs Keras on {keras.backend.backend()}")
+    # A large eps: Adam divides by |g| + eps, and with 1e-8 the near-zero gradients, whose
+    # float32 rounding differs between the two graphs, would be scaled up to a full lr step.
+    # At 1e-3 the check stays sharp: the unscaled eps would be 30x off.
+    config = dataclasses.replace(config, batch_size=64, adam_eps=1e-3)
+    ks = step_keras.init_state(config, seed=2)
+    before = convert.keras_to_flax(ks.model)
+    x, _ = _inputs(config, 2)
+    metrics = step_keras.train_epoch(config, ks, {"image": x.reshape(-1, 28, 28, 1).astype(np.uint8)}, 7)
+    eps = np.asarray(keras.random.normal((config.batch_size, config.latents), seed=keras.random.SeedGenerator(7)))
+    state = step.init_state(config, jax.random.key(0))
+    params = jax.tree.map(jnp.asarray, before["params"])
+    (loss, _), grads = jax.value_and_grad(
+        lambda p: step.loss_fn(state.apply_fn, p, jnp.asarray(x), jnp.asarray(eps)), has_aux=True)(params)
+    assert metrics["loss"].shape == (1,)
+    assert metrics["loss"][0] == pytest.approx(float(loss), rel=1e-6)
+    tx = optax.adam(config.lr, b1=config.b1, b2=config.b2, eps=config.adam_eps / np.sqrt(1 - config.b2))
+    updates, _ = tx.update(grads, tx.init(params), params)
+    want = optax.apply_updates(params, updates)
+    got = convert.keras_to_flax(ks.model)["params"]
+    for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+
+
+def test_keras_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
+    import keras
+
+    import runs
+    from flaxport.harness import keras_loop
+    from flaxport.workloads import registry
+
+    if keras.backend.backend() != "jax":
+        pytest.skip(f"this process runs Keras on {keras.backend.backend()}")
+    wl = registry.get("vae")
+    config = wl.get_config("smoke")
+    kw = dict(data=wl.load_data(config), progress=False, quiet=True)
+    full = keras_loop.train(wl, config, workdir=tmp_path / "full", epochs=2, **kw)
+    keras_loop.train(wl, config, workdir=tmp_path / "cut", epochs=1, **kw)
+    resumed = keras_loop.train(wl, config, workdir=tmp_path / "cut", epochs=2, resume=True, **kw)
+    assert [h["epoch"] for h in resumed.history] == [2]
+    assert runs.strip(runs.records(tmp_path / "full")) == runs.strip(runs.records(tmp_path / "cut"))
+    assert full.quality == resumed.quality
+    a, b = (np.load(tmp_path / d / "checkpoints" / "epoch_2.npz") for d in ("full", "cut"))
+    assert len(a.files) == 1 + 1 + 10 + 22  # meta, noise state, weights, Adam (iteration, lr, m, v)
+    runs.assert_same_state({k: a[k] for k in a.files}, {k: b[k] for k in b.files})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flaxport.errors import UserError
 
-FRAMEWORKS = ("jax", "torch")
+FRAMEWORKS = ("jax", "torch", "keras")
 
 
 def add_debug(p):

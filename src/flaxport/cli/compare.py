@@ -1,19 +1,21 @@
 """flaxport compare WORKLOAD: every framework/runner on the same data and config, one run."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from flaxport.cli import common
 from flaxport.errors import UserError
 from flaxport.harness.metrics import info
 
-RUNS = ("torch-eager", "torch-tuned", "jax-step", "jax-scan")
+RUNS = ("torch-eager", "torch-tuned", "jax-step", "jax-scan", "keras-jax")
 
 
 def add_parser(sub):
     p = sub.add_parser("compare", help="train every twin in one run and report speed and quality")
     common.add_train_flags(p, epochs_default=5)
-    p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    p.add_argument("--runs", default=None,
+                   help=f"comma-separated subset of {','.join(RUNS)} (default: all the workload has)")
     p.add_argument("--seeds", type=int, default=1, help="repeat every run with seeds 0..N-1")
     p.set_defaults(run=run)
 
@@ -22,10 +24,14 @@ def run(args) -> int:
     from flaxport.bench import report
 
     workload, config = common.workload_and_config(args)
-    runs = [r for r in args.runs.split(",") if r]
-    unknown = [r for r in runs if r not in RUNS]
+    available = [r for r in RUNS if r != "keras-jax" or workload.keras_twin]
+    runs = available if args.runs is None else [r for r in args.runs.split(",") if r]
+    unknown = [r for r in runs if r not in available]
     if unknown or not runs:
-        raise UserError(f"--runs: unknown {','.join(unknown) or '(empty)'}; choose from {','.join(RUNS)}")
+        raise UserError(f"--runs: {workload.name} has no {','.join(unknown) or '(empty)'}; "
+                        f"choose from {','.join(available)}")
+    if "keras-jax" in runs and os.environ.setdefault("KERAS_BACKEND", "jax") != "jax":
+        raise UserError(f"the keras-jax run needs Keras on JAX, but KERAS_BACKEND={os.environ['KERAS_BACKEND']}")
     if args.seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {args.seeds}")
     workdir = Path(args.workdir or common.default_workdir("compare", workload.name, config.variant))
@@ -54,6 +60,10 @@ def _run_one(name, workload, config, run_dir, seed, epochs, data, args):
         import shutil
 
         shutil.rmtree(run_dir)
+    if name == "keras-jax":
+        from flaxport.harness import keras_loop
+
+        return keras_loop.train(workload, config, name=name, **kw)
     if name.startswith("jax-"):
         from flaxport.harness import loop
 

@@ -45,6 +45,8 @@ def load_trained(workload_name: str, workdir):
             _with_n(config, n), state, data, rng.at(keys["eval"], 0))
     import importlib
 
+    if saved["framework"] == "keras":
+        return _load_keras(workload, config, meta, workdir, seed)
     import torch
 
     from flaxport.harness import torch_loop
@@ -58,6 +60,21 @@ def load_trained(workload_name: str, workdir):
     ts.load_state_dict(payload["state"])
     return workload, config, payload["meta"], lambda data, n=None: twin.evaluate(
         _with_n(config, n), ts, data, torch_loop.stream_seed(seed, "eval"))
+
+
+def _load_keras(workload, config, meta, workdir, seed):
+    from flaxport.harness import keras_loop, torch_loop
+
+    twin = keras_loop.twin_of(workload)
+    meta = {**meta, "keras_backend": twin.keras.backend.backend()}
+    found = keras_loop.load_checkpoint(workdir, meta)
+    if found is None:
+        raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
+    _, payload = found
+    ks = twin.init_state(config, seed)
+    keras_loop.restore(ks, payload, workdir)
+    return workload, config, payload["meta"], lambda data, n=None: twin.evaluate(
+        _with_n(config, n), ks, data, torch_loop.stream_seed(seed, "eval"))
 
 
 def _with_n(config, n):

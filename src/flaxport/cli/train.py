@@ -1,9 +1,10 @@
-"""flaxport train WORKLOAD [--framework jax|torch] [--runner step|scan] ..."""
+"""flaxport train WORKLOAD [--framework jax|torch|keras] [--runner step|scan] ..."""
 from __future__ import annotations
 
 import json
 
 from flaxport.cli import common
+from flaxport.errors import UserError
 from flaxport.harness.metrics import info
 
 
@@ -20,6 +21,8 @@ def add_parser(sub):
 
 def run(args) -> int:
     workload, config = common.workload_and_config(args)
+    if args.framework == "keras" and not workload.keras_twin:
+        raise UserError(f"{workload.name} has no Keras twin; --framework jax or torch")
     workdir = args.workdir or common.default_workdir(workload.name, args.framework, config.variant)
     data = common.load_data(workload, config, args)
     info(f"{workload.name}: training {args.framework} on {data.name} ({config.variant} config) in {workdir}")
@@ -28,6 +31,11 @@ def run(args) -> int:
 
         result = loop.train(workload, config, workdir=workdir, seed=args.seed, epochs=args.epochs,
                             runner=args.runner, resume=args.resume, data=data, progress=not args.no_progress)
+    elif args.framework == "keras":
+        from flaxport.harness import keras_loop
+
+        result = keras_loop.train(workload, config, workdir=workdir, seed=args.seed, epochs=args.epochs,
+                                  resume=args.resume, data=data, progress=not args.no_progress)
     else:
         from flaxport.harness import torch_loop
 

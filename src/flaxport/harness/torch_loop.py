@@ -75,43 +75,54 @@ def _ckpt_dir(workdir: Path) -> Path:
     return Path(workdir) / "checkpoints"
 
 
-def _latest(workdir: Path):
+def _epochs_of(d: Path, suffix: str) -> list[int]:
+    return [int(p.name[6:-len(suffix)]) for p in d.glob(f"epoch_*{suffix}") if p.name[6:-len(suffix)].isdigit()]
+
+
+def latest(workdir: Path, suffix: str = ".pt"):
+    """Epochs done by the newest `checkpoints/epoch_N{suffix}` in workdir, or None."""
     d = _ckpt_dir(workdir)
-    if not d.is_dir():
-        return None
-    done = [int(p.stem.split("_")[1]) for p in d.glob("epoch_*.pt") if p.stem.split("_")[1].isdigit()]
+    done = _epochs_of(d, suffix) if d.is_dir() else []
     return max(done) if done else None
 
 
-def _save(torch, workdir: Path, epochs_done: int, payload: dict, keep: int = 3):
+def save_file(workdir: Path, epochs_done: int, write, suffix: str = ".pt", keep: int = 3) -> None:
+    """write(tmp_path) a checkpoint, then rename it to epoch_N{suffix}: never half a file under
+    the final name. Keeps the newest `keep`. A loop that is not torch's passes its own writer."""
     d = _ckpt_dir(workdir)
     d.mkdir(exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="tmp-epoch-", suffix=".pt")  # torch rejects dot-names
+    fd, tmp = tempfile.mkstemp(dir=d, prefix="tmp-epoch-", suffix=suffix)  # torch rejects dot-names
     os.close(fd)
     try:
-        torch.save(payload, tmp)
-        os.replace(tmp, d / f"epoch_{epochs_done}.pt")
+        write(tmp)
+        os.replace(tmp, d / f"epoch_{epochs_done}{suffix}")
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise UserError(f"cannot write checkpoint in {d}: {e.strerror or e}") from e
-    for p in sorted(d.glob("epoch_*.pt"), key=lambda p: int(p.stem.split("_")[1]))[:-keep]:
-        p.unlink()
+    for n in sorted(_epochs_of(d, suffix))[:-keep]:
+        (d / f"epoch_{n}{suffix}").unlink()
 
 
-def load_checkpoint(torch, workdir, expect_meta: dict):
-    """(epochs_done, payload) of the newest checkpoint in workdir, its meta checked; None if none."""
-    epochs_done = _latest(Path(workdir))
+def read_file(workdir, expect_meta: dict, read, suffix: str = ".pt"):
+    """(epochs_done, payload) of the newest checkpoint, payload = read(path) with a "meta"
+    dict that must agree with expect_meta; None if there is none."""
+    epochs_done = latest(Path(workdir), suffix)
     if epochs_done is None:
         return None
-    path = _ckpt_dir(workdir) / f"epoch_{epochs_done}.pt"
+    path = _ckpt_dir(workdir) / f"epoch_{epochs_done}{suffix}"
     try:
-        payload = torch.load(path, weights_only=False)
-    except Exception as e:  # noqa: BLE001 - torch.load raises many types for a bad file
-        raise UserError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0][:200]}") from e
+        payload = read(path)
+    except Exception as e:  # noqa: BLE001 - loaders raise many types for a bad file
+        raise UserError(f"checkpoint {path} is unreadable: {(str(e).splitlines() or [type(e).__name__])[0][:200]}") from e
     for k, want in expect_meta.items():
         if payload["meta"].get(k) != want:
             raise UserError(f"checkpoint {path} is from {k}={payload['meta'].get(k)!r}, not {want!r}")
     return epochs_done, payload
+
+
+def load_checkpoint(torch, workdir, expect_meta: dict):
+    """(epochs_done, payload) of the newest torch checkpoint in workdir, its meta checked; None if none."""
+    return read_file(workdir, expect_meta, lambda path: torch.load(path, weights_only=False))
 
 
 def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None, resume: bool = False,
@@ -124,7 +135,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
     epochs = config.epochs if epochs is None else epochs
     identity = {"workload": workload.name, "framework": "torch"}
     workdir = prepare(workdir, identity, {**dataclasses.asdict(config), "seed": seed, "torch": dataclasses.asdict(options)},
-                      resume, lambda w: _latest(w) is not None)
+                      resume, lambda w: latest(w) is not None)
     old_threads = torch.get_num_threads()
     try:
         # Only conv twins take a memory format; the option means nothing to an MLP.
@@ -193,8 +204,9 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 seconds = time.perf_counter() - t0
                 quality, artifacts = log.end(epoch, step_metrics, seconds, seconds, evaluate)
                 if checkpoints:
-                    _save(torch, workdir, epoch + 1, {"state": ts.state_dict(),
-                          "meta": {**meta, "epochs_done": epoch + 1, "threads": torch.get_num_threads()}})
+                    payload = {"state": ts.state_dict(),
+                               "meta": {**meta, "epochs_done": epoch + 1, "threads": torch.get_num_threads()}}
+                    save_file(workdir, epoch + 1, lambda tmp: torch.save(payload, tmp))
         finally:
             log.close()
         if not log.history:

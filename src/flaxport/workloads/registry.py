@@ -23,6 +23,7 @@ class Workload:
     write_pictures(workdir, data, artifacts, label) -> [paths]
     train_flops(config) -> FLOPs of one train step (optional)
     torch_twin: module path of the PyTorch twin (imported only when used)
+    keras_twin: module path of the Keras 3 twin, where there is one
     checkpoint_metric: the quality key `compare` reports first
     """
 
@@ -41,6 +42,7 @@ class Workload:
     # train_flops(config) -> model FLOPs of one train step (2 x multiply-adds of the convs and
     # matmuls, forward and backward), for effective GFLOP/s in `compare`; None: not reported.
     train_flops: Callable | None = None
+    keras_twin: str | None = None
 
 
 # name: (package, one-line summary, prefers single-threaded XLA on CPU)

@@ -50,6 +50,7 @@ WORKLOAD = Workload(
     evaluate=evaluate,
     write_pictures=plots.write_pictures,
     torch_twin="flaxport.workloads.vae.step_torch",
+    keras_twin="flaxport.workloads.vae.step_keras",
     loss_keys=("loss",),
     train_flops=model.train_flops,
 )

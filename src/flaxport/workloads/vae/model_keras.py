@@ -19,28 +19,57 @@ os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is imported; keras
 import keras  # noqa: E402
 from keras import layers, ops  # noqa: E402
 
+LOG_2PI = math.log(2 * math.pi)
 
-def _torch_uniform(fan_in: int):
+
+def _torch_uniform(fan_in: int, seed: int):
     bound = 1.0 / math.sqrt(fan_in)
-    return keras.initializers.RandomUniform(-bound, bound)
+    return keras.initializers.RandomUniform(-bound, bound, seed=seed)
 
 
-def _dense(units, fan_in, name, activation=None):
-    return layers.Dense(units, activation=activation, kernel_initializer=_torch_uniform(fan_in),
-                        bias_initializer=_torch_uniform(fan_in), name=name)
+def _dense(units, fan_in, name, seed, activation=None):
+    # Seeded initializers: the init depends on `seed` alone, not on Keras's global RNG.
+    return layers.Dense(units, activation=activation, kernel_initializer=_torch_uniform(fan_in, 2 * seed),
+                        bias_initializer=_torch_uniform(fan_in, 2 * seed + 1), name=name)
+
+
+class StepValue(keras.metrics.Metric):
+    """The latest value, not a running mean: `fit` then reports every step's loss."""
+
+    def __init__(self, name):
+        super().__init__(name=name)
+        self.latest = self.add_variable((), initializer="zeros", name="latest")
+
+    def update_state(self, value):
+        self.latest.assign(ops.cast(value, self.dtype))
+
+    def result(self):
+        return ops.convert_to_tensor(self.latest)
+
+    def reset_state(self):
+        self.latest.assign(0.0)
 
 
 class VAE(keras.Model):
-    """call((x (B, P), eps (B, L))) -> (logits (B, P), mean (B, L), logvar (B, L))."""
+    """call((x (B, P), eps (B, L))) or call(x (B, P)) -> (logits (B, P), mean (B, L), logvar (B, L)).
 
-    def __init__(self, hidden: int = 500, latents: int = 20, pixels: int = 784, **kwargs):
-        super().__init__(**kwargs)
+    Given only x, the noise comes from the model's SeedGenerator, whose state is a
+    variable: under `fit` on JAX it is threaded through the jitted step like the weights.
+    """
+
+    def __init__(self, hidden: int = 500, latents: int = 20, pixels: int = 784, seed: int = 0, **kwargs):
+        # Fixed names: Keras numbers default ones per process (vae_1, ...), and the
+        # checkpoint keys are variable paths.
+        super().__init__(**{"name": "vae", **kwargs})
         self.hidden, self.latents, self.pixels = hidden, latents, pixels
-        self.enc_fc1 = _dense(hidden, pixels, "enc_fc1", "relu")
-        self.enc_fc2_mean = _dense(latents, hidden, "enc_fc2_mean")
-        self.enc_fc2_logvar = _dense(latents, hidden, "enc_fc2_logvar")
-        self.dec_fc1 = _dense(hidden, latents, "dec_fc1", "relu")
-        self.dec_fc2 = _dense(pixels, hidden, "dec_fc2")
+        self.noise = keras.random.SeedGenerator(seed, name="noise")
+        self.step_values = [StepValue("step_loss"), StepValue("step_bce"), StepValue("step_kl")]
+        layer_seed = iter(range(5 * seed, 5 * seed + 5))
+        self.enc_fc1 = _dense(hidden, pixels, "enc_fc1", next(layer_seed), "relu")
+        self.enc_fc2_mean = _dense(latents, hidden, "enc_fc2_mean", next(layer_seed))
+        self.enc_fc2_logvar = _dense(latents, hidden, "enc_fc2_logvar", next(layer_seed))
+        self.dec_fc1 = _dense(hidden, latents, "dec_fc1", next(layer_seed), "relu")
+        self.dec_fc2 = _dense(pixels, hidden, "dec_fc2", next(layer_seed))
 
     def encode(self, x):
         h = self.enc_fc1(x)
@@ -50,23 +79,53 @@ class VAE(keras.Model):
         return self.dec_fc2(self.dec_fc1(z))
 
     def call(self, inputs):
-        x, eps = inputs
+        if isinstance(inputs, (tuple, list)):
+            x, eps = inputs
+        else:
+            x = inputs
+            eps = keras.random.normal((ops.shape(x)[0], self.latents), seed=self.noise)
         mean, logvar = self.encode(x)
         return self.decode(mean + eps * ops.exp(0.5 * logvar)), mean, logvar
 
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """The negative ELBO of x (B, P) given call's outputs; `fit` differentiates this."""
+        logits, mean, logvar = y_pred
+        terms = loss_terms(logits, x, mean, logvar)
+        for tracker, value in zip(self.step_values, terms):
+            tracker.update_state(value)
+        return terms[0]
 
-def vae(config) -> VAE:
+    @property
+    def metrics(self):
+        return [*super().metrics, *self.step_values]
+
+
+def vae(config, seed: int = 0) -> VAE:
     """A built VAE (variables exist) for the config."""
-    net = VAE(config.hidden, config.latents, config.image_size ** 2)
+    net = VAE(config.hidden, config.latents, config.image_size ** 2, seed=seed)
     pixels = config.image_size ** 2
     net((ops.zeros((1, pixels)), ops.zeros((1, config.latents))))
     return net
 
 
-def loss_terms(logits, x, mean, logvar):
-    """(mean negative ELBO, bce mean, kl mean) with keras.ops: the same formula as step.py."""
+def adam(config):
+    """Keras's Adam with the twins' settings. Keras adds eps to sqrt(v) before the bias
+    correction of v (torch and optax after it), so its eps acts sqrt(1 - b2^t) times
+    smaller; at eps 1e-8 that moves nothing measurable here."""
+    return keras.optimizers.Adam(learning_rate=config.lr, beta_1=config.b1, beta_2=config.b2,
+                                 epsilon=config.adam_eps, name="adam")
+
+
+def per_example(logits, x, mean, logvar):
+    """(Bernoulli NLL summed over pixels, KL to N(0, I)), each (B,), with keras.ops: step.py's formula."""
     bce = ops.sum(ops.relu(logits) - logits * x + ops.log1p(ops.exp(-ops.abs(logits))), axis=-1)
     kl = -0.5 * ops.sum(1 + logvar - ops.square(mean) - ops.exp(logvar), axis=-1)
+    return bce, kl
+
+
+def loss_terms(logits, x, mean, logvar):
+    """(mean negative ELBO, bce mean, kl mean)."""
+    bce, kl = per_example(logits, x, mean, logvar)
     return ops.mean(bce + kl), ops.mean(bce), ops.mean(kl)
 
 
