@@ -6,12 +6,14 @@ subcommand costs nothing here.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from flaxport.cli.common import add_debug
 from flaxport.errors import UserError
 
-DOWNLOADABLE = ("cifar10", "binarized_mnist")
+DOWNLOADABLE = ("cifar10", "binarized_mnist", "flowers102")
+SHA256_CHECKED = ("binarized_mnist", "flowers102")  # checked with --sha256 FILE=HEX
 EMBEDDED = ("digits",)
 
 
@@ -21,15 +23,17 @@ def add_parser(sub):
     p.set_defaults(run=lambda args: _usage(p))
     actions = p.add_subparsers(dest="data_command", metavar="ACTION")
 
-    d = actions.add_parser("download", help="download a dataset (cifar10, binarized_mnist) into the data directory")
+    d = actions.add_parser("download", help="download a dataset (cifar10, binarized_mnist, flowers102) "
+                                            "into the data directory")
     d.add_argument("dataset", help=", ".join(DOWNLOADABLE))
     _add_data_dir(d)
     d.add_argument("--base-url", default=None, metavar="URL",
                    help="mirror to fetch from instead of the official site (the file name is appended)")
     d.add_argument("--md5", default=None, metavar="HEX", help="cifar10: expected md5 instead of the published one")
     d.add_argument("--sha256", action="append", default=[], metavar="FILE=HEX",
-                   help="binarized_mnist: expected sha256 of one file instead of the published one; FILE is "
-                        "train, valid, test or the file name (binarized_mnist_train.amat); repeat for each file")
+                   help="binarized_mnist, flowers102: expected sha256 of one file instead of the published one; "
+                        "FILE is the file name (binarized_mnist_train.amat, 102flowers.tgz) or a short name "
+                        "(train, valid, test; images, setid, labels); repeat for each file")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_debug(d)
     d.set_defaults(run=run_download)
@@ -66,8 +70,8 @@ def run_download(args) -> int:
                         f"(embedded, no download needed: {', '.join(EMBEDDED)})")
     if args.md5 is not None and name != "cifar10":
         raise UserError(f"--md5 is for cifar10; {name} is checked with --sha256 FILE=HEX")
-    if args.sha256 and name != "binarized_mnist":
-        raise UserError(f"--sha256 is for binarized_mnist; {name} is checked with --md5 HEX")
+    if args.sha256 and name not in SHA256_CHECKED:
+        raise UserError(f"--sha256 is for {' and '.join(SHA256_CHECKED)}; {name} is checked with --md5 HEX")
     if args.md5 is not None and not _is_hex(args.md5, 32):
         raise UserError(f"--md5 expects 32 hex digits, got {args.md5!r}")
     sha256 = dict(_file_digest(item) for item in args.sha256)
@@ -80,6 +84,13 @@ def run_download(args) -> int:
 
         path = download_cifar10(data_dir, base_url=args.base_url, md5=args.md5, progress=progress)
         print(f"cifar10: {path}")
+        return 0
+    if name == "flowers102":
+        from flaxport.data.download import download_flowers102
+
+        paths = download_flowers102(data_dir, base_url=args.base_url, sha256=sha256, progress=progress)
+        for what, path in paths.items():
+            print(f"flowers102 {what}: {path}")
         return 0
     from flaxport.data.download import download_binarized_mnist
 
@@ -102,7 +113,7 @@ def _file_digest(item: str) -> tuple[str, str]:
 
 
 def run_list(args) -> int:
-    from flaxport.data import binarized_mnist, cifar10, digits
+    from flaxport.data import binarized_mnist, cifar10, digits, flowers102
 
     data_dir = _data_dir(args)
     origin = "--data-dir" if args.data_dir else ("$FLAXPORT_DATA" if os.environ.get("FLAXPORT_DATA") else "default")
@@ -121,4 +132,17 @@ def run_list(args) -> int:
     else:
         print(f"{'binarized_mnist':15s} missing   {', '.join(p.name for p in absent)} not in {data_dir} "
               f"(`flaxport data download binarized_mnist --data-dir {data_dir}` fetches it)")
+    # Presence only, like the others; decoding (or reading the cache) is load()'s job.
+    absent = flowers102.missing(data_dir)
+    if not absent:
+        extras = [flowers102.SETID]
+        if (data_dir / flowers102.LABELS).is_file():
+            extras.append(flowers102.LABELS)
+        sizes = sorted(int(m[1]) for p in data_dir.glob("flowers102_*.npz")
+                       if (m := re.fullmatch(r"flowers102_(\d+)\.npz", p.name)))
+        note = f"; cached at {', '.join(map(str, sizes))} px" if sizes else ""
+        print(f"{'flowers102':15s} present   {flowers102.find(data_dir)} (+ {', '.join(extras)}{note})")
+    else:
+        print(f"{'flowers102':15s} missing   {', '.join(absent)} not in {data_dir} "
+              f"(`flaxport data download flowers102 --data-dir {data_dir}` fetches them)")
     return 0

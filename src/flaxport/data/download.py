@@ -33,6 +33,18 @@ BINARIZED_MNIST_SHA256 = {
     "binarized_mnist_valid.amat": "1de3d397c40fe8eeb33dafd4099a1f665ec01e96d9be234aaeeac8a34930e2e2",
     "binarized_mnist_test.amat": "e6687bfea3f820c174f33b7865140b2a2dd2930ef786f35d45795fc193b5ab2c",
 }
+# Oxford Flowers 102 (https://www.robots.ox.ac.uk/~vgg/data/flowers/102/). The site lists
+# no checksums (none found); these sha256 (and sizes) are TensorFlow Datasets' record of
+# the same three URLs, tensorflow/datasets: tensorflow_datasets/url_checksums/
+# oxford_flowers102.txt (102flowers.tgz 344862509 bytes, imagelabels.mat 502, setid.mat
+# 14989). The archive's digest also appears, independently, in a Julia DataDeps
+# registration of that URL. Not checked against a fresh download here (no network).
+FLOWERS102_BASE_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
+FLOWERS102_SHA256 = {
+    "setid.mat": "46b8678f91fd95d3c8f4feab80d271a6c834a1dd896fe29fd3e6ad9ce5c8dccd",
+    "imagelabels.mat": "4903e94206bac23bf772aadf06451916df56b58fc483a62db32a97b82656651d",
+    "102flowers.tgz": "2d01ecc807db462958cfe3d92f57a8c252b4abd240eb955770201e45f783b246",
+}
 USER_AGENT = "flaxport-data (python urllib)"
 
 # URLError, timeouts and connection resets are all OSError; http.client adds its own.
@@ -233,3 +245,36 @@ def download_binarized_mnist(data_dir=None, base_url: str | None = None, sha256:
         fetch(base + name, dests[split], sha256=expected[name], progress=progress)
     binarized_mnist.load(data_dir)
     return dests
+
+
+def download_flowers102(data_dir=None, base_url: str | None = None, sha256: dict | None = None,
+                        progress: bool = True, image_size: int = 64) -> dict:
+    """Fetch setid.mat, imagelabels.mat and 102flowers.tgz into `data_dir`; returns {name: Path}.
+
+    Names: "setid", "labels", "images" (the three files) and "cache", the preprocessed
+    pixels. `base_url` replaces FLOWERS102_BASE_URL (mirrors, tests); `sha256` maps a name
+    ("images") or a file name ("102flowers.tgz") to the expected hex digest, replacing the
+    published one for that file only. Then `flowers102.load(data_dir, image_size)` decodes
+    every image once, so a damaged archive is reported now, naming the member, and the
+    first training run finds the cache ready.
+    """
+    from flaxport.data import flowers102  # flowers102 imports this module
+
+    data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
+    files = {"setid": flowers102.SETID, "labels": flowers102.LABELS, "images": flowers102.ARCHIVE}
+    expected = dict(FLOWERS102_SHA256)
+    for key, digest in (sha256 or {}).items():
+        name = files.get(key, key)
+        if name not in expected:
+            raise UserError(f"download: no flowers102 file {key!r} to give a checksum for "
+                            f"(one of {', '.join(files)} or {', '.join(expected)})")
+        expected[name] = digest
+    base = base_url or FLOWERS102_BASE_URL
+    base += "" if base.endswith("/") else "/"
+    out = {}
+    # Smallest first: a wrong mirror or checksum shows up before the 345 MB archive is fetched.
+    for key, name in files.items():
+        out[key] = fetch(base + name, data_dir / name, sha256=expected[name], progress=progress)
+    flowers102.load(data_dir, image_size=image_size, progress=progress)
+    out["cache"] = flowers102.cache_path(data_dir, image_size)
+    return out
