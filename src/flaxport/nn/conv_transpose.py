@@ -1,0 +1,94 @@
+"""ConvTranspose{1,2,3}d with torch.nn semantics, channels-last.
+
+torch's transposed convolution is the gradient of a convolution: each input cell
+scatters `weight[cin, cout]` (shape (in, out/groups, *k)) into the output. As a plain
+convolution that is: dilate the input by the stride, pad each side by
+d*(k-1) - padding (plus output_padding on the high side), and convolve with the
+spatially *flipped* kernel. Stock `flax.linen.ConvTranspose` does not flip
+(transpose_kernel=False) and takes lax padding, so torch weights copied straight into it
+give other numbers (docs: porting pitfalls, ConvTranspose).
+
+Here the kernel is stored unflipped, in the torch order of the channel axes:
+  torch weight (in, out, *k)  ->  kernel (*k, in, out) = weight.permute(2, ..., 0, 1)
+and the flip happens in the forward pass. groups=1 only.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from jax import lax
+
+from flaxport.nn.conv_nd import as_tuple, dimension_numbers
+
+
+def conv_transpose(x, kernel, stride, padding, output_padding, dilation):
+    """torch conv_transpose{n}d on channels-last x (N, *spatial, in), kernel (*k, in, out) -> (N, *out, out).
+
+    Output size per axis: (L - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1.
+    """
+    n = kernel.ndim - 2
+    k = kernel.shape[:n]
+    s, p, op, d = (as_tuple(v, n, w) for v, w in ((stride, "stride"), (padding, "padding"),
+                                                  (output_padding, "output_padding"), (dilation, "dilation")))
+    for i in range(n):
+        if not op[i] < max(s[i], d[i]):
+            raise ValueError(f"output_padding {op[i]} must be smaller than stride {s[i]} or dilation {d[i]} "
+                             "(torch's rule)")
+    pads = [(d[i] * (k[i] - 1) - p[i], d[i] * (k[i] - 1) - p[i] + op[i]) for i in range(n)]
+    flipped = kernel[tuple(slice(None, None, -1) for _ in range(n))]
+    return lax.conv_general_dilated(x, flipped, (1,) * n, pads, lhs_dilation=s, rhs_dilation=d,
+                                    dimension_numbers=dimension_numbers(n))
+
+
+def _torch_init(fan_in):
+    """U(+-1/sqrt(fan_in)): torch's kaiming_uniform(a=sqrt(5)); for ConvTranspose fan_in = out * prod(k)."""
+    bound = 1.0 / math.sqrt(fan_in)
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+class ConvTransposeNd(nn.Module):
+    """torch.nn.ConvTranspose{ndim}d(cin, features, kernel_size, stride, padding, output_padding, dilation=..).
+
+    x (N, *spatial, cin) -> (N, *out, features); params kernel (*k, cin, features), bias (features,).
+    """
+
+    features: int
+    kernel_size: int | tuple = 3
+    stride: int | tuple = 1
+    padding: int | tuple = 0
+    output_padding: int | tuple = 0
+    dilation: int | tuple = 1
+    use_bias: bool = True
+    ndim: int = 2
+
+    @nn.compact
+    def __call__(self, x):
+        n = self.ndim
+        if x.ndim != n + 2:
+            raise ValueError(f"ConvTranspose{n}d expects (N, *{n} spatial, C) input, got shape {x.shape}")
+        k = as_tuple(self.kernel_size, n, "kernel_size")
+        fan_in = self.features * math.prod(k)  # torch computes it from weight.size(1) = out channels
+        kernel = self.param("kernel", _torch_init(fan_in), k + (x.shape[-1], self.features))
+        y = conv_transpose(x, kernel, self.stride, self.padding, self.output_padding, self.dilation)
+        if self.use_bias:
+            y = y + self.param("bias", _torch_init(fan_in), (self.features,))
+        return y
+
+
+class ConvTranspose1d(ConvTransposeNd):
+    ndim: int = 1
+
+
+class ConvTranspose2d(ConvTransposeNd):
+    ndim: int = 2
+
+
+class ConvTranspose3d(ConvTransposeNd):
+    ndim: int = 3

@@ -1,0 +1,18 @@
+"""Generic porting of any torch module to a hand-written Flax twin, and proof that it is exact.
+
+  port_weights(torch_module, flax_module, example_input, *, flatten_shapes=None) -> variables
+  to_torch_state_dict(variables, torch_module, flax_module, example_input, ...) -> state_dict
+  check_parity(torch_module, flax_module, variables, inputs, train=False, loss_fn=None, ...) -> ParityReport
+  optax_from_torch(torch_optimizer or spec) -> optax.GradientTransformation
+
+Importing this package imports neither torch nor (beyond optax/numpy) any framework;
+the functions import torch when they receive torch objects.
+"""
+from flaxport.port.optim import UnsupportedOptimizerError, optax_from_torch, spec_from_torch
+from flaxport.port.parity import ParityReport, Row, check_parity
+from flaxport.port.weights import (KeyMap, MissingKeyError, PortError, ShapeMismatchError, UnexpectedKeyError,
+                                   UnsupportedLayerError, build_key_map, port_weights, to_torch_state_dict)
+
+__all__ = ["KeyMap", "MissingKeyError", "ParityReport", "PortError", "Row", "ShapeMismatchError",
+           "UnexpectedKeyError", "UnsupportedLayerError", "UnsupportedOptimizerError", "build_key_map",
+           "check_parity", "optax_from_torch", "port_weights", "spec_from_torch", "to_torch_state_dict"]
