@@ -25,9 +25,13 @@ def test_import_flaxport_imports_neither_torch_nor_keras():
 
 
 def test_env_prints_versions_and_devices(cli):
-    proc = cli("env")
+    proc = cli("env", "--gemm", "64,32,16")
     assert proc.returncode == 0, proc.stderr
     assert "jax_devices" in proc.stdout and "flax" in proc.stdout and "torch" in proc.stdout
+    rates = {l.split()[0]: float(l.split()[1]) for l in proc.stdout.splitlines() if l.startswith("gemm_")}
+    assert set(rates) == {"gemm_jax", "gemm_torch"} and all(r > 0 for r in rates.values()), proc.stdout
+    bad = cli("env", "--gemm", "64,x")
+    assert bad.returncode != 0 and bad.stderr.strip() == "flaxport: error: --gemm expects M,K,N integers, got '64,x'"
 
 
 def test_python_m_flaxport_is_the_cli(cli):
