@@ -135,6 +135,9 @@ def to_markdown(rep: dict) -> str:
             notes[r["name"]] = (f"{st.get('threads')} torch thread(s)" + (", fused Adam" if st.get("fused") else "")
                                 + (", channels_last" if st.get("channels_last") else "")
                                 + (", .item() every step" if st.get("sync_each_step") else ", no per-step sync"))
+        elif r["framework"] == "keras":
+            notes[r["name"]] = (f"Keras {st.get('keras')} `fit` on its {st.get('keras_backend')} backend, "
+                                f"jit_compile={st.get('jit_compile')}; its jit compile is inside the first epoch")
         elif st:
             notes[r["name"]] = f"{st.get('runner')} runner, XLA_FLAGS='{st.get('XLA_FLAGS', '')}'"
     if notes:
