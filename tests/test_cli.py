@@ -48,7 +48,7 @@ def test_python_m_flaxport_is_the_cli(cli):
     (["train", "gan", "--set", "g_lr=fast"], ["cannot read 'fast' as float"]),
     (["train", "gan", "--epochs", "0"], ["--epochs must be at least 1"]),
     (["train", "gan", "--data", "cifar10"], ["mixture"]),
-    (["compare", "gan", "--runs", "jax-warp"], ["unknown jax-warp"]),
+    (["compare", "gan", "--runs", "jax-warp"], ["gan has no jax-warp", "choose from torch-eager"]),
     (["evaluate", "gan", "--workdir", "/nonexistent/run"], ["not a flaxport run directory"]),
 ])
 def test_user_errors_are_one_line(cli, args, needles):

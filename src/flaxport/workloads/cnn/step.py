@@ -21,8 +21,9 @@ from flaxport.workloads.cnn import model
 def to_float(images_u8):
     """uint8 NHWC -> float32 in [0, 1], the seed's `preprocessing` (x / 255).
 
-    As x * float32(1/255), which is what torch computes for `x / 255` on CPU (a multiply
-    by the reciprocal, up to 1 ulp from a true division): both twins see the same bits.
+    As x * float32(1/255), which is what XLA compiles `x / 255` into on CPU (a multiply by
+    the reciprocal, up to 1 ulp from torch's true division); the torch twin multiplies
+    the same way, so both twins see the same bits.
     """
     return images_u8.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
 

@@ -48,7 +48,8 @@ def init_state(config, seed: int, fused: bool = False, set_to_none: bool = True,
 
 def to_input(ts: TorchCNN, images_u8: torch.Tensor) -> torch.Tensor:
     """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1], as the seed's preprocessing + permute."""
-    x = images_u8.float().mul_(1.0 / 255.0).permute(0, 3, 1, 2)  # = torch's x / 255, bit for bit
+    # The Flax twin's multiply (XLA's `/ 255`), bit for bit; torch's `/ 255` divides exactly.
+    x = images_u8.float().mul_(1.0 / 255.0).permute(0, 3, 1, 2)
     return x.contiguous(memory_format=torch.channels_last) if ts.channels_last else x
 
 
