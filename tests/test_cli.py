@@ -25,7 +25,7 @@ def test_import_flaxport_imports_neither_torch_nor_keras():
 
 
 def test_env_prints_versions_and_devices(cli):
-    proc = cli("env", "--gemm", "64,32,16")
+    proc = cli("env", "--gemm", "128,128,128")
     assert proc.returncode == 0, proc.stderr
     assert "jax_devices" in proc.stdout and "flax" in proc.stdout and "torch" in proc.stdout
     rates = {l.split()[0]: float(l.split()[1]) for l in proc.stdout.splitlines() if l.startswith("gemm_")}

@@ -39,6 +39,34 @@ def setup_jax(workload_name: str) -> None:
         tune_for_tiny_models()
 
 
+def add_scale_flags(p):
+    """Data parallelism and multi-process flags of `train` (jax only)."""
+    p.add_argument("--devices", type=int, default=None, metavar="N",
+                   help="jax: train data-parallel on N devices (default: all visible; the batch is split)")
+    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="jax multi-process: process 0's address (or $JAX_COORDINATOR_ADDRESS)")
+    p.add_argument("--num-processes", type=int, default=None, metavar="N",
+                   help="jax multi-process: how many processes (or $JAX_NUM_PROCESSES)")
+    p.add_argument("--process-id", type=int, default=None, metavar="I",
+                   help="jax multi-process: this process, 0..N-1 (or $JAX_PROCESS_ID)")
+
+
+def join_distributed(args) -> bool:
+    """Join a multi-process JAX run when the flags or the environment ask for one.
+
+    Runs before JAX starts: the workload's environment settings first (JAX reads them on
+    import), then jax.distributed, then (in workload_and_config) the devices.
+    """
+    from flaxport.harness.cpu import tiny_model_env
+    from flaxport.harness.distributed import join
+    from flaxport.workloads import registry
+
+    if registry.prefers_single_thread(args.workload):
+        tiny_model_env()
+    return join(getattr(args, "coordinator", None), getattr(args, "num_processes", None),
+                getattr(args, "process_id", None))
+
+
 def workload_and_config(args):
     """(Workload, config) for args.workload / --config / --set."""
     from flaxport.workloads import registry

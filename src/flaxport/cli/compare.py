@@ -36,6 +36,7 @@ def run(args) -> int:
         raise UserError(f"--seeds must be at least 1, got {args.seeds}")
     workdir = Path(args.workdir or common.default_workdir("compare", workload.name, config.variant))
     data = common.load_data(workload, config, args)
+    config = workload.configure(config, data) if workload.configure else config
     info(f"compare {workload.name} ({config.variant} config, {args.epochs} epochs, data {data.name}) in {workdir}")
     results = []
     for seed in range(args.seed, args.seed + args.seeds):

@@ -16,21 +16,35 @@ def add_parser(sub):
     p.add_argument("--torch-variant", default="eager", choices=("eager", "tuned", "compiled"),
                    help="torch: the seed's loop, tuned for CPU, or tuned + torch.compile")
     p.add_argument("--resume", action="store_true", help="continue from the workdir's newest checkpoint")
+    common.add_scale_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    joined = False
+    if args.framework == "jax":
+        joined = common.join_distributed(args)  # before JAX makes its devices
+    elif args.devices or args.coordinator or args.num_processes is not None or args.process_id is not None:
+        raise UserError(f"--devices and the multi-process flags are for --framework jax, not {args.framework}")
     workload, config = common.workload_and_config(args)
+    main = True  # in a multi-process run, process 0 alone reports
+    if joined:
+        import jax
+
+        main = jax.process_index() == 0
     if args.framework == "keras" and not workload.keras_twin:
         raise UserError(f"{workload.name} has no Keras twin; --framework jax or torch")
     workdir = args.workdir or common.default_workdir(workload.name, args.framework, config.variant)
     data = common.load_data(workload, config, args)
-    info(f"{workload.name}: training {args.framework} on {data.name} ({config.variant} config) in {workdir}")
+    config = workload.configure(config, data) if workload.configure else config
+    if main:
+        info(f"{workload.name}: training {args.framework} on {data.name} ({config.variant} config) in {workdir}")
     if args.framework == "jax":
         from flaxport.harness import loop
 
         result = loop.train(workload, config, workdir=workdir, seed=args.seed, epochs=args.epochs,
-                            runner=args.runner, resume=args.resume, data=data, progress=not args.no_progress)
+                            runner=args.runner, resume=args.resume, data=data, progress=not args.no_progress,
+                            devices=args.devices)
     elif args.framework == "keras":
         from flaxport.harness import keras_loop
 
@@ -42,6 +56,8 @@ def run(args) -> int:
         options = torch_loop.VARIANTS[args.torch_variant]
         result = torch_loop.train(workload, config, workdir=workdir, seed=args.seed, epochs=args.epochs,
                                   resume=args.resume, data=data, options=options, progress=not args.no_progress)
+    if not main:
+        return 0
     print(json.dumps({"workdir": str(workdir), "name": result.name, "quality": result.quality,
                       "epoch_seconds": [round(s, 4) for s in result.epoch_seconds],
                       "compile_seconds": round(result.compile_seconds, 4)}))

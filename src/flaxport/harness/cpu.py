@@ -20,12 +20,7 @@ def tune_for_tiny_models() -> None:
     User settings win: an XLA_FLAGS naming xla_cpu_multi_thread_eigen, a
     JAX_THREEFRY_PARTITIONABLE, or FLAXPORT_XLA_THREADS=all (keep XLA's own pool).
     """
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_multi_thread_eigen" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
-    # The non-partitionable threefry lowering is cheaper on CPU: 0.19 s against 0.21 s
-    # per GAN epoch (same keys, other bits; it only matters for sharded random arrays).
-    os.environ.setdefault("JAX_THREEFRY_PARTITIONABLE", "0")
+    tiny_model_env()
     if os.environ.get("FLAXPORT_XLA_THREADS", "") == "all" or not hasattr(os, "sched_setaffinity"):
         return
     import jax
@@ -40,6 +35,18 @@ def tune_for_tiny_models() -> None:
         jax.devices()  # creates the clients (and the CPU pool) under the one-core mask
     finally:
         os.sched_setaffinity(0, full)
+
+
+def tiny_model_env() -> None:
+    """The environment half of tune_for_tiny_models: must precede `import jax` (JAX reads
+    JAX_THREEFRY_PARTITIONABLE when it is imported), so a multi-process run sets it before
+    jax.distributed joins and the devices are made after."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_multi_thread_eigen" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
+    # The non-partitionable threefry lowering is cheaper on CPU: 0.19 s against 0.21 s
+    # per GAN epoch (same keys, other bits; it only matters for sharded random arrays).
+    os.environ.setdefault("JAX_THREEFRY_PARTITIONABLE", "0")
 
 
 # glibc mallopt parameters (malloc.h).

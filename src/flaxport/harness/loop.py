@@ -14,7 +14,8 @@ import jax
 
 from flaxport.harness import rng
 from flaxport.harness.checkpoint import Checkpointer
-from flaxport.harness.epoch import make_runner
+from flaxport.harness.distributed import ShareFeed, make_placement
+from flaxport.harness.epoch import ResidentFeed, make_runner
 from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
 from flaxport.harness.workdir import prepare
 
@@ -41,62 +42,79 @@ def _has_orbax_checkpoint(workdir: Path) -> bool:
 
 def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None, runner: str | None = None,
           resume: bool = False, data=None, checkpoints: bool = True, progress: bool = True,
-          name: str | None = None, quiet: bool = False) -> RunResult:
+          name: str | None = None, quiet: bool = False, devices: int | None = None) -> RunResult:
     """Train `workload` in Flax for `epochs` (default config.epochs) and return a RunResult.
 
     data: a flaxport.data.Dataset (loaded by the caller, so a comparison shares one).
     runner: "step" (jit per step) or "scan" (scan-fused epoch); default config.runner.
+    devices: how many devices to train data-parallel on (default: every visible one,
+    across all processes of a multi-process run); config.batch_size is the global batch.
     """
     epochs = config.epochs if epochs is None else epochs
     runner_kind = runner or config.runner
     name = name or f"jax-{runner_kind}"
+    place = make_placement(devices, config.batch_size)
+    quiet = quiet or not place.is_main  # one process speaks and writes files
     identity = {"workload": workload.name, "framework": "jax"}
     workdir = prepare(workdir, identity, {**dataclasses.asdict(config), "seed": seed, "runner": runner_kind},
-                      resume, _has_orbax_checkpoint)
-    keys = rng.streams(seed)
-    state = workload.init_state(config, keys["init"])
+                      resume, _has_orbax_checkpoint, write=place.is_main)
+    local_keys = rng.streams(seed)
+    state = workload.init_state(config, local_keys["init"])
+    keys = place.replicate(local_keys)
     meta = {**identity, "variant": config.variant, "seed": seed}
 
-    ckpt = Checkpointer(workdir / "checkpoints") if checkpoints else None
+    ckpt = Checkpointer(workdir / "checkpoints", placement=place, cleanup=True) if checkpoints else None
     try:
         start = 0
         if resume and ckpt is not None and ckpt.latest() is not None:
             state, saved = ckpt.restore(state, meta)
             start = int(saved["epochs_done"])
+            for moved in ckpt.set_aside_damaged():
+                info(f"moved the damaged checkpoint to {moved}")
             if not quiet:
                 info(f"resuming {workload.name} from epoch {start} in {workdir}")
+        else:
+            state = place.replicate(state)
         if start >= epochs and not quiet:
             info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
         steps = steps_per_epoch(data, config.batch_size)
-        train_dev = jax.device_put(data.train)
-        run = make_runner(runner_kind, workload.make_train_step(config), config.batch_size, steps)
-        compile_seconds = run.compile(state, train_dev, keys) if start < epochs else 0.0
+        if place.multi_process:
+            feed = ShareFeed(data.train, config.batch_size, steps, place, local_keys["data"])
+        else:
+            feed = ResidentFeed(jax.device_put(data.train, place.replicated()), config.batch_size, steps,
+                                place.batch_sharding())
+        run = make_runner(runner_kind, workload.make_train_step(config), steps, feed, place)
+        compile_seconds = run.compile(state, feed.spec(), keys) if start < epochs else 0.0
         quality, artifacts = {}, {}
 
         def evaluate():
-            return workload.evaluate(config, state, data, rng.at(keys["eval"], 0))
+            if not place.is_main:  # quality is reported (and pictures drawn) once
+                return {}, {}
+            return workload.evaluate(config, place.local(state), data, rng.at(local_keys["eval"], 0))
 
-        log = EpochLog(workdir, steps, start, progress, quiet)
+        log = EpochLog(workdir, steps, start, progress and not quiet, quiet, write=place.is_main)
         try:
             for epoch in range(start, epochs):
                 log.start(epoch, epochs)
                 t0 = time.perf_counter()
-                state, step_metrics = run.run_epoch(state, train_dev, keys, epoch, on_step=log.advance)
+                state, step_metrics = run.run_epoch(state, feed.inputs(epoch), keys, epoch, on_step=log.advance)
                 run_seconds = time.perf_counter() - t0
                 first = {"compile_seconds": compile_seconds} if epoch == start else {}
                 quality, artifacts = log.end(epoch, step_metrics, run_seconds + first.get("compile_seconds", 0.0),
                                              run_seconds, evaluate, **first)
                 if ckpt is not None:
-                    ckpt.save(epoch + 1, state, {**meta, "epochs_done": epoch + 1})
+                    ckpt.save(epoch + 1, state, {**meta, "epochs_done": epoch + 1}, step=(epoch + 1) * steps)
         finally:
             log.close()
         if not log.history:  # nothing trained (resumed a finished run): still report its quality
             quality, artifacts = evaluate()
-        workload.write_pictures(workdir, data, artifacts, f"{workload.name} {name}, epoch {max(start, epochs)}")
+        if place.is_main:
+            workload.write_pictures(workdir, data, artifacts, f"{workload.name} {name}, epoch {max(start, epochs)}")
         settings = {"runner": runner_kind, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
-                    "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
-        return RunResult(name, "jax", log.epoch_seconds, compile_seconds, quality, log.history, state, artifacts,
-                         settings)
+                    "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+                    "devices": place.devices, "processes": place.processes}
+        return RunResult(name, "jax", log.epoch_seconds, compile_seconds, quality, log.history, place.local(state),
+                         artifacts, settings)
     finally:
         # Orbax runs a background event loop: close it on every path, errors included.
         if ckpt is not None:

@@ -40,8 +40,13 @@ class MetricsWriter:
         self.path.write_text("".join(l + "\n" for l in kept))
 
     def write(self, record: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, default=_plain) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record, default=_plain) + "\n")
+        except OSError as e:  # a full disk or a workdir gone read-only: one line, not a traceback
+            from flaxport.errors import UserError
+
+            raise UserError(f"cannot write {self.path}: {e.strerror or e}") from e
         if self._tb is not None:
             for k, v in _flat(record):
                 self._tb.add_scalar(k, v, record["epoch"])
@@ -109,11 +114,13 @@ class EpochLog:
     """What both loops (Flax and PyTorch) do around an epoch: progress bar, NaN check,
     metrics.jsonl record, console line. Keeps `history` and `epoch_seconds`."""
 
-    def __init__(self, workdir, steps: int, start: int, progress: bool = True, quiet: bool = False):
+    def __init__(self, workdir, steps: int, start: int, progress: bool = True, quiet: bool = False,
+                 write: bool = True):
+        """write: False in every process but the first of a multi-process run (one metrics.jsonl)."""
         from flaxport.harness.progress import EpochProgress
 
         self.workdir, self.steps, self.quiet = Path(workdir), steps, quiet
-        self.writer = MetricsWriter(workdir, resume_from_epoch=start or None)
+        self.writer = MetricsWriter(workdir, resume_from_epoch=start or None) if write else None
         self.bar = EpochProgress(steps, enabled=progress and not quiet)
         self.history, self.epoch_seconds = [], []
 
@@ -143,7 +150,8 @@ class EpochLog:
         self.bar.finish(means, self.steps / run_seconds, quality)
         record = {"epoch": epoch + 1, "train": means, "quality": quality, "epoch_seconds": seconds,
                   "steps": self.steps, **extra}
-        self.writer.write(record)
+        if self.writer is not None:
+            self.writer.write(record)
         self.history.append(record)
         self.epoch_seconds.append(seconds)
         if not self.quiet:
@@ -152,4 +160,5 @@ class EpochLog:
 
     def close(self) -> None:
         self.bar.close()
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()

@@ -35,19 +35,22 @@ def _default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def prepare(workdir, identity: dict, config, resume: bool, has_checkpoint) -> Path:
+def prepare(workdir, identity: dict, config, resume: bool, has_checkpoint, write: bool = True) -> Path:
     """Create/validate `workdir` for a run and write config.json.
 
     identity: {"workload": ..., "framework": ...}; a workdir that holds another
     workload's run is refused. Without --resume a workdir with checkpoints is refused
     too, so a typo never overwrites a finished run.
+    write: False in every process but the first of a multi-process run: they check the
+    same things (so all of them stop together) but leave the files to process 0.
     """
     workdir = Path(workdir)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        probe = workdir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        if write:
+            probe = workdir / ".write-test"
+            probe.write_text("")
+            probe.unlink()
     except OSError as e:
         raise UserError(f"workdir {workdir} is not writable: {e.strerror or e}") from e
     cfg_path = workdir / "config.json"
@@ -61,5 +64,6 @@ def prepare(workdir, identity: dict, config, resume: bool, has_checkpoint) -> Pa
                 raise UserError(f"workdir {workdir} holds a {key}={old[key]!r} run, not {want!r}; choose another --workdir")
     if has_checkpoint(workdir) and not resume:
         raise UserError(f"workdir {workdir} already holds checkpoints; pass --resume to continue or choose another --workdir")
-    write_json(cfg_path, {**identity, "config": config})
+    if write:
+        write_json(cfg_path, {**identity, "config": config})
     return workdir

@@ -43,6 +43,9 @@ class Workload:
     # matmuls, forward and backward), for effective GFLOP/s in `compare`; None: not reported.
     train_flops: Callable | None = None
     keras_twin: str | None = None
+    # configure(config, data) -> config: settings that come from the training data (DDIM's
+    # normalisation statistics); train and compare apply it, so config.json records them.
+    configure: Callable | None = None
 
 
 # name: (package, one-line summary, prefers single-threaded XLA on CPU)
