@@ -283,3 +283,26 @@ def test_compare_reports_every_run(cli, tmp_path):
     for r in rep["runs"]:
         assert f"| {r['name']} |" in md, r["name"]
         assert f"{r['quality']['nelbo_nats']:.4f}" in md, r["name"]  # the quality table lists it
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
+def test_init_from_a_torch_checkpoint_carries_its_weights_into_flax(torch_smoke, cli, tmp_path):
+    """train --init-from: the torch run's weights start the Flax run. With lr 0 Adam moves
+    nothing, so converting the Flax checkpoint back gives the torch file's tensors exactly."""
+    import torch
+
+    work, _ = torch_smoke
+    src = work / "checkpoints" / "epoch_1.pt"
+    _train(cli, tmp_path / "flax", "--config", "smoke", "--init-from", src, "--set", "lr=0")
+    proc = cli("convert", "vae", tmp_path / "flax", tmp_path / "back.pt")
+    assert proc.returncode == 0, proc.stderr
+    want = torch.load(src, weights_only=False)["state"]["model"]
+    got = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    _one_line_error(cli("train", "vae", "--framework", "torch", "--init-from", src, "--workdir", tmp_path / "t"),
+                    "--init-from", "--framework jax")
+    _one_line_error(cli("train", "vae", "--init-from", tmp_path / "nope.pt", "--workdir", tmp_path / "n"),
+                    "--init-from: no file")

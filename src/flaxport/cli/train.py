@@ -16,6 +16,8 @@ def add_parser(sub):
     p.add_argument("--torch-variant", default="eager", choices=("eager", "tuned", "compiled"),
                    help="torch: the seed's loop, tuned for CPU, or tuned + torch.compile")
     p.add_argument("--resume", action="store_true", help="continue from the workdir's newest checkpoint")
+    p.add_argument("--init-from", default=None, metavar="FILE",
+                   help="jax: start from a PyTorch checkpoint's weights (.pt/.pth/.safetensors; optimizer fresh)")
     common.add_scale_flags(p)
     p.set_defaults(run=run)
 
@@ -32,6 +34,8 @@ def run(args) -> int:
         import jax
 
         main = jax.process_index() == 0
+    if args.init_from and args.framework != "jax":
+        raise UserError(f"--init-from carries torch weights into Flax: it needs --framework jax, not {args.framework}")
     if args.framework == "keras" and not workload.keras_twin:
         raise UserError(f"{workload.name} has no Keras twin; --framework jax or torch")
     workdir = args.workdir or common.default_workdir(workload.name, args.framework, config.variant)
@@ -44,7 +48,7 @@ def run(args) -> int:
 
         result = loop.train(workload, config, workdir=workdir, seed=args.seed, epochs=args.epochs,
                             runner=args.runner, resume=args.resume, data=data, progress=not args.no_progress,
-                            devices=args.devices)
+                            devices=args.devices, init_state=_from_torch(workload, args.init_from))
     elif args.framework == "keras":
         from flaxport.harness import keras_loop
 
@@ -62,3 +66,21 @@ def run(args) -> int:
                       "epoch_seconds": [round(s, 4) for s in result.epoch_seconds],
                       "compile_seconds": round(result.compile_seconds, 4)}))
     return 0
+
+
+def _from_torch(workload, path):
+    """init_state(config, key) reading the weights of torch checkpoint `path`, or None."""
+    if not path:
+        return None
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise UserError(f"--init-from: no file {path}")
+
+    def init_state(config, key):
+        from flaxport.port.checkpoints import init_state_from_torch
+
+        info(f"{workload.name}: weights and statistics from {path} (optimizer starts fresh)")
+        return init_state_from_torch(workload, config, path, key)
+
+    return init_state

@@ -42,13 +42,16 @@ def _has_orbax_checkpoint(workdir: Path) -> bool:
 
 def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None, runner: str | None = None,
           resume: bool = False, data=None, checkpoints: bool = True, progress: bool = True,
-          name: str | None = None, quiet: bool = False, devices: int | None = None) -> RunResult:
+          name: str | None = None, quiet: bool = False, devices: int | None = None,
+          init_state=None) -> RunResult:
     """Train `workload` in Flax for `epochs` (default config.epochs) and return a RunResult.
 
     data: a flaxport.data.Dataset (loaded by the caller, so a comparison shares one).
     runner: "step" (jit per step) or "scan" (scan-fused epoch); default config.runner.
     devices: how many devices to train data-parallel on (default: every visible one,
     across all processes of a multi-process run); config.batch_size is the global batch.
+    init_state(config, key) -> state replaces workload.init_state for a fresh start (e.g.
+    weights from a torch checkpoint); a resumed run restores its checkpoint as usual.
     """
     epochs = config.epochs if epochs is None else epochs
     runner_kind = runner or config.runner
@@ -59,7 +62,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
     workdir = prepare(workdir, identity, {**dataclasses.asdict(config), "seed": seed, "runner": runner_kind},
                       resume, _has_orbax_checkpoint, write=place.is_main)
     local_keys = rng.streams(seed)
-    state = workload.init_state(config, local_keys["init"])
+    state = (init_state or workload.init_state)(config, local_keys["init"])
     keys = place.replicate(local_keys)
     meta = {**identity, "variant": config.variant, "seed": seed}
 
