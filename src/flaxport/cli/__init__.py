@@ -10,7 +10,7 @@ import sys
 
 from flaxport.errors import UserError
 
-SUBCOMMANDS = ("train", "compare", "evaluate", "sample", "parity", "convert", "data", "env")
+SUBCOMMANDS = ("train", "compare", "evaluate", "sample", "parity", "convert", "data", "export", "env")
 
 
 class Parser(argparse.ArgumentParser):

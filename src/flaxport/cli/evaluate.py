@@ -17,8 +17,9 @@ def add_parser(sub):
     p.set_defaults(run=run)
 
 
-def load_trained(workload_name: str, workdir):
-    """(workload, config, run_info, evaluate(data) -> (quality, artifacts)) from a workdir's newest checkpoint."""
+def restore(workload_name: str, workdir):
+    """(workload, config, run_info, framework, state, seed) of a workdir's newest checkpoint:
+    state is the Flax train state (jax runs) or the twin's state (torch runs)."""
     from flaxport.workloads import registry
 
     common.setup_jax(workload_name)
@@ -28,25 +29,24 @@ def load_trained(workload_name: str, workdir):
         raise UserError(f"{workdir} holds a {saved.get('workload')!r} run, not {workload.name!r}")
     config = common.config_from_dict(workload, saved["config"])
     seed = saved["config"].get("seed", 0)
-    meta = {"workload": workload.name, "framework": saved["framework"], "variant": config.variant, "seed": seed}
-    if saved["framework"] == "jax":
+    framework = saved["framework"]
+    meta = {"workload": workload.name, "framework": framework, "variant": config.variant, "seed": seed}
+    if framework == "jax":
         from flaxport.harness import rng
         from flaxport.harness.checkpoint import Checkpointer
 
-        keys = rng.streams(seed)
         ckpt = Checkpointer(Path(workdir) / "checkpoints")
         try:  # close Orbax's background loop on every path
             if ckpt.latest() is None:
                 raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
-            state, info = ckpt.restore(workload.init_state(config, keys["init"]), meta)
+            state, info = ckpt.restore(workload.init_state(config, rng.streams(seed)["init"]), meta)
         finally:
             ckpt.close()
-        return workload, config, info, lambda data, n=None: workload.evaluate(
-            _with_n(config, n), state, data, rng.at(keys["eval"], 0))
+        return workload, config, info, framework, state, seed
+    if framework == "keras":
+        return workload, config, meta, framework, None, seed  # load_trained reads keras checkpoints
     import importlib
 
-    if saved["framework"] == "keras":
-        return _load_keras(workload, config, meta, workdir, seed)
     import torch
 
     from flaxport.harness import torch_loop
@@ -55,11 +55,30 @@ def load_trained(workload_name: str, workdir):
     if found is None:
         raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
     _, payload = found
-    twin = importlib.import_module(workload.torch_twin)
-    ts = twin.init_state(config, seed)
+    ts = importlib.import_module(workload.torch_twin).init_state(config, seed)
     ts.load_state_dict(payload["state"])
-    return workload, config, payload["meta"], lambda data, n=None: twin.evaluate(
-        _with_n(config, n), ts, data, torch_loop.stream_seed(seed, "eval"))
+    return workload, config, payload["meta"], framework, ts, seed
+
+
+def load_trained(workload_name: str, workdir):
+    """(workload, config, run_info, evaluate(data, n=None, steps=None) -> (quality, artifacts))
+    from a workdir's newest checkpoint; n and steps override the sample count and the
+    sampler's steps (see _with_n)."""
+    workload, config, info, framework, state, seed = restore(workload_name, workdir)
+    if framework == "jax":
+        from flaxport.harness import rng
+
+        return workload, config, info, lambda data, n=None, steps=None: workload.evaluate(
+            _with_n(config, n, steps), state, data, rng.at(rng.streams(seed)["eval"], 0))
+    if framework == "keras":
+        return _load_keras(workload, config, info, workdir, seed)
+    import importlib
+
+    from flaxport.harness import torch_loop
+
+    twin = importlib.import_module(workload.torch_twin)
+    return workload, config, info, lambda data, n=None, steps=None: twin.evaluate(
+        _with_n(config, n, steps), state, data, torch_loop.stream_seed(seed, "eval"))
 
 
 def _load_keras(workload, config, meta, workdir, seed):
@@ -73,14 +92,21 @@ def _load_keras(workload, config, meta, workdir, seed):
     _, payload = found
     ks = twin.init_state(config, seed)
     keras_loop.restore(ks, payload, workdir)
-    return workload, config, payload["meta"], lambda data, n=None: twin.evaluate(
-        _with_n(config, n), ks, data, torch_loop.stream_seed(seed, "eval"))
+    return workload, config, payload["meta"], lambda data, n=None, steps=None: twin.evaluate(
+        _with_n(config, n, steps), ks, data, torch_loop.stream_seed(seed, "eval"))
 
 
-def _with_n(config, n):
-    """config with its sample count set to n: n_eval (gan) or n_samples (vae)."""
+# The config field a sampling-steps override sets (`sample --steps`), where a workload has one.
+STEPS_FIELD = "plot_diffusion_steps"
+
+
+def _with_n(config, n, steps=None):
+    """config with its sample count set to n: n_eval (gan) or n_samples (vae, ddim), and
+    its sampler's steps (STEPS_FIELD: ddim's pictures) to `steps`."""
     import dataclasses
 
+    if steps is not None:
+        config = dataclasses.replace(config, **{STEPS_FIELD: steps})
     if n is None:
         return config
     field = "n_eval" if hasattr(config, "n_eval") else "n_samples"

@@ -53,6 +53,7 @@ _TABLE = {
     "gan": ("flaxport.workloads.gan", "least-squares GAN, BatchNorm MLPs, 1-D two-mode mixture", True),
     "cnn": ("flaxport.workloads.cnn", "Conv-BN-ReLU-Pool x2 + Dense classifier, digits or CIFAR-10 at 32x32x3", False),
     "vae": ("flaxport.workloads.vae", "VAE, Dense 500 encoder/decoder, 20 latents, binarized 28x28 digits or MNIST", False),
+    "ddim": ("flaxport.workloads.ddim", "DDIM: residual UNet, cosine schedule, EMA; digits 32x32 or Flowers 102 64x64", False),
 }
 
 

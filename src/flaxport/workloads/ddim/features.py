@@ -47,8 +47,9 @@ def _flat(tree) -> dict:
     return {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def classifier_variables(cache_dir=None):
-    """(cnn module, variables): loaded from the cache, else trained and cached atomically."""
+def classifier_variables(cache_dir=None, with_scale: bool = False):
+    """(cnn module, variables[, feature scale]): loaded from the cache, else trained and
+    cached atomically. The scale (see classifier_features) is cached beside the weights."""
     import jax
 
     from flaxport.data.download import default_data_dir
@@ -61,33 +62,32 @@ def classifier_variables(cache_dir=None):
     shapes = jax.eval_shape(lambda: cnn_step.init_state(config, jax.random.key(0)))
     template = {"params": shapes.params, "batch_stats": shapes.batch_stats}
     keys = list(_flat(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), template)))
+    net = cnn_model.cnn(config)
     try:
         with np.load(path, allow_pickle=False) as z:
             leaves = [z[k] for k in keys]
+            scale = np.float32(z[_SCALE]) if _SCALE in z.files else None
         variables = jax.tree.unflatten(jax.tree.structure(template), leaves)
     except (OSError, KeyError, ValueError):  # absent, or a damaged cache: train again
         variables = _train(config)
+        scale = _scale(_raw_features(net, variables))
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **_flat(variables))
+            np.savez(f, **_flat(variables), **{_SCALE: scale})
         os.replace(tmp, path)
-    return cnn_model.cnn(config), variables
+    if not with_scale:
+        return net, variables
+    return net, variables, (_scale(_raw_features(net, variables)) if scale is None else scale)
 
 
-def classifier_features(cache_dir=None) -> FeatureExtractor:
-    """images float (N, H, W, C) in [0, 1], C 1 or 3 -> features float32 (N, 256).
+_SCALE = "feature_scale"  # a cache file written before the scale was cached lacks it: computed then
 
-    Scaled by one fixed number, the RMS activation over the digits training images, so
-    x.y / D is of order 1 as with Inception's pooled features: KID's cubic kernel grows as
-    the sixth power of the feature scale, and raw ReLU activations of ~10 give KIDs of 1e6.
-    """
+
+def _raw_features(net, variables):
+    """The unscaled FeatureExtractor: fc2's input for images in [0, 1], resized to 32x32."""
     import jax
     import jax.numpy as jnp
-
-    from flaxport.data import digits
-
-    net, variables = classifier_variables(cache_dir)
 
     def preprocess(x):
         if x.shape[-1] == 1:
@@ -97,8 +97,25 @@ def classifier_features(cache_dir=None) -> FeatureExtractor:
                                  antialias=True)
         return x
 
-    raw = flax_features(net.apply, variables, layer="fc2", take="input", preprocess=preprocess,
-                        apply_kwargs={"train": False})
+    return flax_features(net.apply, variables, layer="fc2", take="input", preprocess=preprocess,
+                         apply_kwargs={"train": False})
+
+
+def _scale(raw) -> np.float32:
+    """The RMS activation over the digits training images."""
+    from flaxport.data import digits
+
     reference = raw(digits.load(size=CLASSIFIER_SIDE, channels=3).train["image"] / np.float32(255))
-    scale = np.float32(np.sqrt(np.mean(np.square(reference))))
+    return np.float32(np.sqrt(np.mean(np.square(reference))))
+
+
+def classifier_features(cache_dir=None) -> FeatureExtractor:
+    """images float (N, H, W, C) in [0, 1], C 1 or 3 -> features float32 (N, 256).
+
+    Scaled by one fixed number, the RMS activation over the digits training images, so
+    x.y / D is of order 1 as with Inception's pooled features: KID's cubic kernel grows as
+    the sixth power of the feature scale, and raw ReLU activations of ~10 give KIDs of 1e6.
+    """
+    net, variables, scale = classifier_variables(cache_dir, with_scale=True)
+    raw = _raw_features(net, variables)
     return lambda images: raw(images) / scale

@@ -197,3 +197,37 @@ def generate(config, variables, initial_noise, diffusion_steps: int):
 
     variables: the EMA network's {'params', 'batch_stats'} (DDIMState.ema_variables())."""
     return denormalize(config, reverse_diffusion(config, variables, initial_noise, diffusion_steps))
+
+
+@partial(jax.jit, static_argnums=0)
+def val_losses(config, variables, images_u8, noises, diffusion_times):
+    """Per-example (noise MAE, image MAE), (N,) each, of the network in eval mode (keras's
+    test_step with the EMA network) on uint8 images (N, H, W, C), given noise and times."""
+    images = normalize(config, to_float(images_u8))
+    noisy, noise_rates, signal_rates = noisy_batch(config, images, noises, diffusion_times)
+    pred_noises, pred_images = denoise(model.unet(config).apply, variables, noisy, noise_rates, signal_rates)
+    return jnp.abs(pred_noises - noises).mean((1, 2, 3)), jnp.abs(pred_images - images).mean((1, 2, 3))
+
+
+_SAMPLERS: dict = {}
+
+
+def compiled_sampler(config, variables, diffusion_steps: int, n: int):
+    """generate, compiled ahead of time for n images: f(variables, noise (n, H, W, C)) -> images.
+
+    Kept per (config, steps, n) for the process, so an evaluation can time sampling apart
+    from its compile, and later epochs reuse the executable. When the variables sit
+    replicated on a mesh of several devices (a `--devices N` run), the noise is split along
+    the batch over that mesh, so every device samples its share."""
+    key = (config, diffusion_steps, n)
+    if key not in _SAMPLERS:
+        side = config.image_size
+        mesh = getattr(getattr(jax.tree.leaves(variables)[0], "sharding", None), "mesh", None)
+        sharding = None
+        if mesh is not None and mesh.size > 1 and n % mesh.size == 0:
+            sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names))
+        spec = jax.ShapeDtypeStruct((n, side, side, config.channels), jnp.float32, sharding=sharding)
+        compiled = jax.jit(generate, static_argnums=(0, 3)).lower(config, variables, spec, diffusion_steps).compile()
+        place = (lambda x: x) if sharding is None else (lambda x: jax.device_put(x, sharding))  # noqa: E731
+        _SAMPLERS[key] = lambda v, noise: compiled(v, place(noise))
+    return _SAMPLERS[key]

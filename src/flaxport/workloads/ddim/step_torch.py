@@ -163,3 +163,40 @@ def reverse_diffusion(config, net: nn.Module, initial_noise, diffusion_steps: in
 def generate(config, ts: TorchDDIM, initial_noise, diffusion_steps: int):
     """Samples (N, C, H, W) in [0, 1] from noise (N, C, H, W), with the EMA network."""
     return denormalize(config, reverse_diffusion(config, ts.ema_model, initial_noise, diffusion_steps))
+
+
+def _nchw(x_nhwc) -> torch.Tensor:
+    return torch.from_numpy(x_nhwc).permute(0, 3, 1, 2)
+
+
+@torch.no_grad()
+def val_losses(config, net: nn.Module, images_u8, noises, diffusion_times):
+    """Per-example (noise MAE, image MAE) as NumPy (N,), network in eval mode; NumPy inputs
+    uint8 images and noise (N, H, W, C), times (N, 1, 1, 1): step.val_losses's twin."""
+    images = normalize(config, _nchw(images_u8).float().mul_(1.0 / 255.0))
+    noises, times = _nchw(noises), torch.from_numpy(diffusion_times)
+    noise_rates, signal_rates = diffusion_schedule(times, config.min_signal_rate, config.max_signal_rate)
+    noisy = signal_rates * images + noise_rates * noises
+    pred_noises = net(noisy, noise_rates ** 2)
+    pred_images = (noisy - noise_rates * pred_noises) / signal_rates
+    return (pred_noises - noises).abs().mean((1, 2, 3)).numpy(), (pred_images - images).abs().mean((1, 2, 3)).numpy()
+
+
+def evaluate(config, ts: TorchDDIM, data, seed: int):
+    """(quality, artifacts) as the Flax evaluate: KID, validation losses, timed pictures,
+    from the same fixed NumPy draws (quality.py), with the EMA network. `seed` is unused."""
+    from flaxport.workloads.ddim import quality
+
+    del seed
+    chunk = config.batch_size
+
+    def sampler(steps):
+        return lambda x: generate(config, ts, _nchw(x), steps).permute(0, 2, 3, 1).numpy()
+
+    samples, = quality.in_chunks(sampler(config.kid_diffusion_steps), [quality.kid_noise(config)], chunk)
+    test = data.test["image"]
+    noise, times = quality.val_draws(config, len(test))
+    val, val_image = quality.in_chunks(lambda *a: val_losses(config, ts.ema_model, *a), [test, noise, times], chunk)
+    (pictures,), seconds = quality.timed(quality.in_chunks, sampler(config.plot_diffusion_steps),
+                                         [quality.picture_noise(config)], chunk)
+    return quality.summarize(quality.kid_score(samples, test), val, val_image, seconds, pictures)
