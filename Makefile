@@ -6,6 +6,9 @@ STAMP  := $(VENV)/.flaxport-installed
 # torch first and pinned: anything that later asks for `torch` is then satisfied and
 # never pulls the multi-gigabyte CUDA build.
 TORCH  := torch==2.13.0
+# Test files run in parallel, one file per worker (module-scoped runs stay shared): most
+# of the suite is single-threaded XLA compiles and subprocess start-ups.
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-all bench clean
 
@@ -22,7 +25,7 @@ demo: setup
 	$(VENV)/bin/flaxport compare gan --epochs 3 --workdir runs/demo-gan
 
 test: setup
-	$(PY) -m pytest -q --durations=10
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 bench: setup
 	$(VENV)/bin/flaxport compare gan --epochs 10 --workdir runs/bench-gan

@@ -41,7 +41,9 @@ def _one_line_error(rc, err, *needles):
 
 # --------------------------------------------------------------------------- parity
 # cnn: XLA's conv op compiles in half the time of the default im2col (tests/test_cnn_parity.py runs both).
-@pytest.mark.parametrize("workload,extra", [("gan", []), ("cnn", ["--set", "conv_impl=xla"]), ("vae", ["--json"])])
+# ddim: the smoke UNet (widths 8, 16; 16x16), two inputs (images, noise variances), the noise MAE.
+@pytest.mark.parametrize("workload,extra", [("gan", []), ("cnn", ["--set", "conv_impl=xla"]), ("vae", ["--json"]),
+                                            ("ddim", ["--config", "smoke", "--set", "batch_size=16"])])
 def test_parity_passes_for_every_workload_in_eval_and_train_mode(capsys, workload, extra):
     rc, out, err = _run(capsys, "parity", workload, "--train", *extra)
     assert rc == 0, out[-3000:] + err
@@ -58,7 +60,9 @@ def test_parity_passes_for_every_workload_in_eval_and_train_mode(capsys, workloa
                 assert f"== {workload} {m}, {mode} mode" in out
         assert out.strip().splitlines()[-1].startswith(f"parity {workload}: OK")
         assert "running_stats" in out and "grad" in out  # train mode: BatchNorm statistics and gradients
-        assert "fc1" in out if workload == "cnn" else "net.1.running_var" in out
+        assert {"cnn": "fc1", "ddim": "up0_0.norm.running_var"}.get(workload, "net.1.running_var") in out
+        if workload == "ddim":  # keras's zero head was drawn at random: every gradient is compared, none is 0
+            assert "head.weight" in out and "stem.weight" in out
 
 
 def test_a_wrong_port_exits_1_and_names_the_layer(capsys):
@@ -220,6 +224,11 @@ def files(tmp_path_factory):
     torch.save({k: v.double() if v.is_floating_point() else v for k, v in sd.items()}, d / "f64.pt")
     torch.save({"state": {"G": {}, "D": {}}, "meta": {"workload": "gan", "framework": "torch"}}, d / "gan-run.pt")
     (d / "junk.pt").write_bytes(b"not a checkpoint")
+    from flaxport.workloads.ddim import config as ddim_config
+    from flaxport.workloads.ddim import model_torch as ddim_torch
+
+    unet = ddim_torch.UNet(ddim_config.get_config("smoke")).state_dict()
+    torch.save({"model": unet, "ema_model": {k: v for k, v in unet.items() if k != "head.bias"}}, d / "ddim-bad-ema.pt")
     (d / "full").mkdir()
     (d / "full" / "x").write_text("mine")
     return d
@@ -236,9 +245,11 @@ def files(tmp_path_factory):
     (["cnn", "cnn.pt", "full"], ["not an empty directory"]),
     (["cnn", "cnn.pt", "out.safetensors"], ["writes a workdir"]),
     (["cnn", "full", "out.pt"], ["not a flaxport run directory"]),
+    (["ddim", "ddim-bad-ema.pt", "out", "--config", "smoke"], ["ema_model (keys ema_model.*)", "lacks 'head.bias'"]),
 ])
 def test_convert_errors_are_one_line_and_write_nothing(capsys, files, args, needles):
-    args = [a if a.startswith("-") or "=" in a or a in ("cnn", "vae", "gan") else files / a for a in args]
+    args = [a if a.startswith("-") or "=" in a or a in ("cnn", "vae", "gan", "ddim", "smoke") else files / a
+            for a in args]
     _one_line_error(*_run(capsys, "convert", *args)[::2], *needles)
     assert not (files / "out").exists() and (files / "full" / "x").read_text() == "mine"
 
@@ -249,3 +260,78 @@ def test_convert_error_from_a_real_process(cli, files, tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "flaxport: error: torch state_dict lacks 'encoder.fc1.weight' (for Flax 'params/encoder/fc1/kernel')"]
     assert not (tmp_path / "out").exists()
+
+
+def test_convert_ddim_carries_the_ema_network_both_ways(capsys, tmp_path):
+    """A torch twin run's checkpoint after 2 steps (its ema_model differs from model) -> a Flax
+    workdir whose EMA is the torch EMA's (the workload converter's arrays) -> .pt {"model",
+    "ema_model"} and .safetensors (`ema_model.` keys), bit-exact, counters included. A bare
+    state_dict has no EMA: the Flax EMA starts at the weights."""
+    from safetensors.torch import load_file
+
+    from flaxport.harness import torch_loop
+    from flaxport.harness.workdir import prepare
+    from flaxport.port import init_state_from_torch
+    from flaxport.port.checkpoints import read_torch_file, state_from_flat
+    from flaxport.workloads.ddim import config as config_lib
+    from flaxport.workloads.ddim import convert, step_torch
+
+    config = config_lib.get_config("smoke")
+    run = tmp_path / "torch-run"
+    prepare(run, {"workload": "ddim", "framework": "torch"}, {**dataclasses.asdict(config), "seed": 0}, False,
+            lambda w: False)
+    ts = step_torch.init_state(config, 0)
+    g = torch.Generator().manual_seed(0)
+    shape = (8, config.channels, config.image_size, config.image_size)
+    for _ in range(2):
+        step_torch.step(ts, torch.randn(shape, generator=g), torch.randn(shape, generator=g),
+                        torch.rand((8, 1, 1, 1), generator=g))
+    model_sd, ema_sd = ts.model.state_dict(), ts.ema_model.state_dict()
+    assert not torch.equal(model_sd["head.weight"], ema_sd["head.weight"])
+    meta = {"workload": "ddim", "framework": "torch", "variant": "smoke", "seed": 0, "epochs_done": 1}
+    torch_loop.save_file(run, 1, lambda tmp: torch.save({"state": ts.state_dict(), "meta": meta}, tmp))
+    ckpt = run / "checkpoints" / "epoch_1.pt"
+
+    state, counters = state_from_flat("ddim", config, read_torch_file(ckpt, "ddim")[0])
+    for (p_field, s_field), sd in ((("params", "batch_stats"), model_sd), (("ema_params", "ema_batch_stats"), ema_sd)):
+        want = convert.torch_to_flax(config, sd)
+        for coll, field in (("params", p_field), ("batch_stats", s_field)):
+            got = jax.tree_util.tree_leaves_with_path(getattr(state, field))
+            assert len(got) == len(jax.tree.leaves(want[coll]))
+            for path, leaf in got:
+                np.testing.assert_array_equal(np.asarray(leaf), np.asarray(_at(want[coll], path)), err_msg=field)
+    assert set(counters.values()) == {2} and len(counters) == 2 * 3  # model and EMA, 3 BatchNorms
+
+    work = tmp_path / "flax"
+    rc, out, err = _run(capsys, "convert", "ddim", ckpt, work)
+    assert rc == 0, err
+    assert json.loads(out)["ema"] == "ema_model from epoch_1.pt"
+    for suffix in (".pt", ".safetensors"):
+        rc, out, err = _run(capsys, "convert", "ddim", work, tmp_path / f"back{suffix}")
+        assert rc == 0, err
+    nested = torch.load(tmp_path / "back.pt", weights_only=True)
+    flat = load_file(tmp_path / "back.safetensors")
+    assert list(nested) == ["model", "ema_model"]
+    assert sorted(flat) == sorted(list(model_sd) + [f"ema_model.{k}" for k in ema_sd])
+    for name, sd in (("model", model_sd), ("ema_model", ema_sd)):
+        assert list(nested[name]) == list(sd)
+        for k, v in sd.items():  # num_batches_tracked (2) included
+            flat_v = flat[k if name == "model" else f"{name}.{k}"]
+            assert torch.equal(nested[name][k], v) and torch.equal(flat_v, v.contiguous()), (name, k)
+    # parity of that file runs its trained network (the EMA copy is checked for keys and shapes);
+    # the batch of the parity test above, so its compiled eval run serves this one too.
+    rc, out, err = _run(capsys, "parity", "ddim", "--config", "smoke", "--set", "batch_size=16", "--weights",
+                        tmp_path / "back.pt", "--json")
+    assert rc == 0 and json.loads(out)["ok"], out[-2000:] + err
+
+    plain = tmp_path / "model.pt"
+    torch.save(model_sd, plain)
+    state = init_state_from_torch("ddim", config, plain, jax.random.key(0))
+    for a, b in ((state.params, state.ema_params), (state.batch_stats, state.ema_batch_stats)):
+        assert jax.tree.all(jax.tree.map(lambda x, y: bool((np.asarray(x) == np.asarray(y)).all()), a, b))
+
+
+def _at(tree, path):
+    for k in path:
+        tree = tree[getattr(k, "key", k)]
+    return tree

@@ -177,3 +177,34 @@ def test_vae():
     variables = port_weights(tm, fm, inputs)
     _assert_same_tree(variables, convert.torch_to_flax(cfg, tm.state_dict()))
     _both_modes(tm, fm, variables, inputs)
+
+
+def test_ddim():
+    """The UNet's two inputs in torch layout: noisy images (N, C, H, W) and noise variances
+    (N, 1, 1, 1), which are the same array channels-last. Smoke widths (one compile per mode).
+    BatchNorm without scale/offset: only the statistics are drawn; keras's zero biases and zero
+    head are drawn too (a zero head zeroes every gradient behind it)."""
+    from flaxport.workloads.ddim import config, convert, model, model_torch
+
+    cfg = config.get_config("smoke")
+    torch.manual_seed(0)
+    tm, fm = model_torch.UNet(cfg), model.unet(cfg)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in tm.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                assert not m.affine
+                m.running_mean.normal_(0, 0.1, generator=g)
+                m.running_var.uniform_(1, 1.5, generator=g)
+        for p in tm.parameters():
+            if not p.any():
+                p.normal_(0, 0.1, generator=g)
+    inputs = (port_zoo.image((4, cfg.channels, cfg.image_size, cfg.image_size)), torch.rand(4, 1, 1, 1, generator=g))
+    variables = port_weights(tm, fm, inputs)
+    _assert_same_tree(variables, convert.torch_to_flax(cfg, tm.state_dict()))
+    km = build_key_map(tm, fm, inputs)
+    assert km.input_channels_first
+    back, want = km.to_torch(variables), convert.flax_to_torch(cfg, variables)
+    assert list(back) == list(tm.state_dict()) and sorted(back) == sorted(want)
+    assert all(np.array_equal(back[k], want[k]) and back[k].dtype == want[k].dtype for k in want)
+    _both_modes(tm, fm, variables, inputs, key_map=km)

@@ -124,3 +124,30 @@ def test_mse_loss_is_twice_optax_l2_loss():
     mse = torch.nn.functional.mse_loss(torch.from_numpy(p), torch.from_numpy(q)).item()
     assert mse == pytest.approx(2 * float(jnp.mean(optax.l2_loss(p, q))), rel=1e-6)
     assert mse == pytest.approx(float(jnp.mean(optax.squared_error(p, q))), rel=1e-6)
+
+
+def test_onednn_conv_bias_gradient_is_a_float32_running_sum():
+    """On CPU torch's oneDNN conv backward sums a bias gradient over the N*H*W positions in
+    float32 one after another: relative error 1.7e-4 at 64x32x32 (upstream gradients mostly of
+    one sign); torch's native conv and jnp.sum are within 1e-7. check_parity turns oneDNN off."""
+    torch = pytest.importorskip("torch")
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("torch built without oneDNN")
+    torch.manual_seed(0)
+    x = torch.randn(64, 32, 32, 32)
+    up = torch.sign(torch.randn(64, 3, 32, 32) + 1.0) / (64 * 32 * 32 * 3)  # e.g. an MAE loss's gradient
+    exact = up.double().sum((0, 2, 3))
+
+    def rel_error(onednn: bool) -> float:
+        conv = torch.nn.Conv2d(32, 3, 1)
+        saved = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = onednn
+        try:
+            (conv(x) * up).sum().backward()
+        finally:
+            torch.backends.mkldnn.enabled = saved
+        return float((conv.bias.grad.double() - exact).abs().max() / exact.abs().max())
+
+    assert rel_error(True) > 5e-5 and rel_error(False) < 1e-6
+    summed = np.asarray(jnp.sum(jnp.asarray(up.numpy()), axis=(0, 2, 3)), np.float64)
+    assert np.abs(summed - exact.numpy()).max() / exact.abs().max().item() < 1e-6

@@ -10,6 +10,13 @@
   SRC a jax workdir          ->  DST .pt/.pth (a state_dict; {"G", "D"} for the GAN) or
       .safetensors (flat; GAN keys prefixed G./D.), from its newest good checkpoint.
 
+ddim keeps an EMA copy of its UNet (what samples). A jax workdir's goes out beside the
+weights: .pt {"model": state_dict, "ema_model": state_dict} (TorchDDIM.state_dict()'s keys,
+so `ts.ema_model.load_state_dict(ckpt["ema_model"])`), .safetensors with the copy's keys
+behind `ema_model.`. Coming in, the copy is read from those forms and from the torch twin's
+checkpoint (its `ema_model`); a bare state_dict has none, and the workdir's EMA starts at
+the weights (as a fresh run's does): the JSON line's "ema" says which.
+
 The model's shapes come from --config/--set (default: the `default` config), or, for a
 torch twin checkpoint `RUN/checkpoints/epoch_N.pt`, from RUN/config.json. Strict: every
 key, shape and dtype must fit; a mismatch is one error line naming the key, and nothing
@@ -27,7 +34,7 @@ from flaxport.errors import UserError
 
 def add_parser(sub):
     p = sub.add_parser("convert", help="torch checkpoint (.pt/.safetensors) <-> Flax workdir")
-    p.add_argument("workload", help="gan, cnn or vae")
+    p.add_argument("workload", help="gan, cnn, vae or ddim")
     p.add_argument("src", metavar="SRC", help="a .pt/.pth/.safetensors file, or a jax workdir")
     p.add_argument("dst", metavar="DST", help="a new workdir (from a file), or a .pt/.pth/.safetensors file")
     p.add_argument("--config", default=None, help="config variant giving the model's shapes (default: default)")
@@ -63,7 +70,8 @@ def run(args) -> int:
 def _torch_to_flax(workload, src: Path, dst: Path, args) -> int:
     from flaxport.harness.checkpoint import Checkpointer
     from flaxport.harness.workdir import prepare
-    from flaxport.port.checkpoints import read_torch_file, state_from_flat
+    from flaxport.port.checkpoints import read_torch_file, split_ema, state_from_flat
+    from flaxport.port.twins import ema_name
 
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise UserError(f"{dst} exists and is not an empty directory; convert writes a new workdir")
@@ -79,8 +87,11 @@ def _torch_to_flax(workload, src: Path, dst: Path, args) -> int:
                              "converted_from": str(src.resolve()), "torch_num_batches_tracked": counters})
     finally:
         ckpt.close()
+    ema = ema_name(workload.name)
+    extra = {"ema": f"{ema} from {src.name}" if split_ema(flat, workload)[1] else "the weights (none in the file)"
+             } if ema else {}
     print(json.dumps({"workdir": str(dst), "from": str(src), "config": config.variant, "seed": seed,
-                      "tensors": len(flat)}))
+                      "tensors": len(flat), **extra}))
     return 0
 
 

@@ -13,9 +13,15 @@ BatchNorm running statistics after the forward pass.
         max-pool windows hold exact ties, and each framework routes the gradient to another
         tied element (docs/porting.md): a gradient check on them fails without a bug.
   vae   binarized digits (batch_size, 784) and eps ~ N(0, 1); loss: the mean negative ELBO.
+  ddim  the UNet (the trained network, not its EMA copy) on its two inputs, both in torch
+        layout: noisy digits (batch_size, 3, s, s), normalised by their own mean/std and
+        mixed with noise ~ N(0, 1) at times t ~ U(0, 1) by the workload's cosine schedule,
+        and their noise variances (batch_size, 1, 1, 1); loss: the noise MAE it trains on.
 
 A fresh twin's BatchNorm has weight 1, bias 0, mean 0, var 1, which would hide a swapped
-or dropped statistic: without --weights they are drawn at random (from --seed) first.
+or dropped statistic: without --weights they are drawn at random (from --seed) first. So
+is every parameter that starts at zero (ddim: keras's zero biases and its zero-initialised
+head, behind which every gradient would be zero).
 
 Exit 0 when every row is within atol + rtol * max|torch|; 1 when one is not (the report
 names the first such layer). --flax-set KEY=VALUE changes the Flax side's config only,
@@ -35,7 +41,7 @@ from flaxport.errors import UserError
 
 def add_parser(sub):
     p = sub.add_parser("parity", help="layer-by-layer parity of a workload's Flax model and its PyTorch twin")
-    p.add_argument("workload", help="gan, cnn or vae")
+    p.add_argument("workload", help="gan, cnn, vae or ddim")
     p.add_argument("--train", action="store_true", help="also train mode: gradients of the loss, BatchNorm stats")
     p.add_argument("--seed", type=int, default=0, help="torch init, the batch and the BatchNorm draw")
     p.add_argument("--json", action="store_true", help="print the reports as one JSON object")
@@ -76,7 +82,7 @@ def run(args) -> int:
     if args.weights:
         _load_weights(workload.name, config, args.weights, torch_parts, key_maps)
     else:
-        _randomize_batchnorm(ts, args.seed)
+        _randomize(torch_parts, args.seed)
     variables = [km.to_flax(p.torch_module.state_dict()) for p, km in zip(torch_parts, key_maps)]
     cases = CASES[workload.name](config, torch_parts, flax_parts, variables, args.seed)
 
@@ -90,7 +96,8 @@ def run(args) -> int:
     ok = all(r.ok for *_, r in results)
     if args.json:
         print(json.dumps({"workload": workload.name, "ok": ok, "atol": args.atol, "rtol": args.rtol,
-                          "weights": args.weights or f"torch init, seed {args.seed}, BatchNorm drawn at random",
+                          "weights": args.weights or f"torch init, seed {args.seed}, BatchNorm and zero "
+                                                     "parameters drawn at random",
                           "reports": [{"model": m, "mode": mode, "inputs": what, **r.to_dict()}
                                       for m, mode, what, r in results]}))
     else:
@@ -115,30 +122,48 @@ def _summary(name, results) -> str:
 
 
 def _load_weights(name, config, path, torch_parts, key_maps) -> None:
-    """Load a torch file into the twin's modules, checked by the key maps first (one-line errors)."""
+    """Load a torch file into the twin's modules, checked by the key maps first (one-line errors).
+
+    A file with an EMA copy (ddim's `ema_model`): the trained network is what runs; the
+    copy is checked against the same key map (every key, every shape) and not run."""
     import torch
 
-    from flaxport.port.checkpoints import read_torch_file, split
+    from flaxport.port.checkpoints import read_torch_file, split, split_ema
+    from flaxport.port.twins import ema_name
+    from flaxport.port.weights import PortError
 
     flat, _ = read_torch_file(path, name)
-    for (part, sd), km in zip(split(flat, name, config), key_maps):
+    main, ema = split_ema(flat, name)
+    for (part, sd), km in zip(split(main, name, config), key_maps):
         km.to_flax(sd)  # strict: names the missing/unexpected key or the shape
         part.torch_module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in sd.items()})
+    if ema:
+        for (part, sd), km in zip(split(ema, name, config), key_maps):
+            try:
+                km.to_flax(sd)
+            except PortError as e:
+                raise type(e)(f"{ema_name(name)} (keys {ema_name(name)}.*): {e}") from None
 
 
-def _randomize_batchnorm(ts, seed: int) -> None:
-    """BatchNorm weight ~ 1 + 0.2 N, bias ~ 0.2 N, running mean ~ 0.1 N, running var ~ 1 + 0.5 U."""
+def _randomize(torch_parts, seed: int) -> None:
+    """BatchNorm weight ~ 1 + 0.2 N, bias ~ 0.2 N (when affine), running mean ~ 0.1 N, running
+    var ~ 1 + 0.5 U; then every parameter that is all zeros ~ 0.1 N."""
     import torch
 
     g = torch.Generator().manual_seed(seed + 1)
-    modules = [ts.G, ts.D] if hasattr(ts, "G") else [ts.model]
+    modules = [p.torch_module for p in torch_parts]
     with torch.no_grad():
         for m in (m for net in modules for m in net.modules()):
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                m.weight.copy_(1 + 0.2 * torch.randn(m.weight.shape, generator=g))
-                m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=g))
+                if m.affine:
+                    m.weight.copy_(1 + 0.2 * torch.randn(m.weight.shape, generator=g))
+                    m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=g))
                 m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=g))
                 m.running_var.copy_(1 + 0.5 * torch.rand(m.running_var.shape, generator=g))
+        for net in modules:  # after the BatchNorm draws, which stay what they were before this pass
+            for p in net.parameters():
+                if not p.any():
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
 
 
 # --------------------------------------------------------------------------- per workload
@@ -227,4 +252,34 @@ def _vae(config, torch_parts, flax_parts, variables, seed):
     return case
 
 
-CASES = {"gan": _gan, "cnn": _cnn, "vae": _vae}
+def _ddim(config, torch_parts, flax_parts, variables, seed):
+    import jax.numpy as jnp
+    import torch
+
+    from flaxport.data import digits
+    from flaxport.workloads.ddim import step
+    from flaxport.workloads.ddim.schedule import diffusion_schedule
+
+    rng = np.random.default_rng(seed)
+    b, s = config.batch_size, config.image_size
+    data = digits.load(size=s, channels=config.channels).train["image"]
+    stats = step.data_stats(data)  # keras's Normalization.adapt
+    mean, std = (np.asarray(stats[k], np.float32) for k in ("norm_mean", "norm_std"))
+    images = (data[rng.choice(len(data), b, replace=False)].astype(np.float32) * np.float32(1 / 255) - mean) / std
+    noises = rng.standard_normal(images.shape).astype(np.float32)
+    times = rng.uniform(size=(b, 1, 1, 1)).astype(np.float32)
+    noise_rates, signal_rates = diffusion_schedule(times, config.min_signal_rate, config.max_signal_rate)
+    noisy = np.ascontiguousarray((signal_rates * images + noise_rates * noises).transpose(0, 3, 1, 2))
+    variances = np.ascontiguousarray(noise_rates ** 2)  # (b, 1, 1, 1) in either layout
+    noises_nchw = torch.from_numpy(np.ascontiguousarray(noises.transpose(0, 3, 1, 2)))
+    loss = (lambda out: (out - noises_nchw).abs().mean(), lambda out: jnp.mean(jnp.abs(out - noises)))
+
+    def case(i, mode):
+        return (noisy, variances), loss if mode == "train" else None, (
+            f"{b} noisy digits {noisy.shape} (normalised, t ~ U(0, 1), noise ~ N(0, 1)), noise variances "
+            f"{variances.shape}" + ("; loss: noise MAE" if mode == "train" else ""))
+
+    return case
+
+
+CASES = {"gan": _gan, "cnn": _cnn, "vae": _vae, "ddim": _ddim}

@@ -1,11 +1,14 @@
 """Layer-by-layer parity of a torch module and its Flax port: where do they first differ?
 
 Both run on the same inputs with full-precision matmuls (torch without TF32, JAX under
-`default_matmul_precision('highest')`). torch forward hooks capture every submodule's
-output; a Flax method interceptor captures every submodule's `__call__` output. Layers
-pair through the weight key map (port/weights.py), parameter-free ones by name (or by
-order among GELUs and pools), and rows come in torch's execution order, so the first
-failing row is the first layer that computes something else. torch outputs of rank 3-5
+`default_matmul_precision('highest')`), and torch without oneDNN (mkldnn): on CPU its conv
+backward sums a bias gradient over the N*H*W positions one after another in float32, off
+by a relative 1.7e-4 at 64x32x32 where torch's own convolution and XLA are within 1e-7
+(docs/porting.md, entry 25). torch forward hooks capture every submodule's output; a Flax
+method interceptor captures every submodule's `__call__` output. Layers pair through the
+weight key map (port/weights.py), parameter-free ones by name (or by order among GELUs
+and pools), and rows come in torch's execution order, so the first failing row is the
+first layer that computes something else. torch outputs of rank 3-5
 are moved channels-last where the layer is channels-first (conv, norm over channels,
 pool) or where only that layout fits.
 
@@ -264,22 +267,24 @@ def _run_flax(flax_module, variables, xs, kwargs, train, loss_fn):
 
 
 class _TorchPrecision:
-    """No TF32 in torch matmuls/convs for the duration (restored after)."""
+    """No TF32 in torch matmuls/convs and no oneDNN for the duration (restored after)."""
 
     def __enter__(self):
         import torch
 
         self.saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
-                      torch.backends.cudnn.allow_tf32)
+                      torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled)
         torch.set_float32_matmul_precision("highest")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        torch.backends.mkldnn.enabled = False  # its CPU conv backward: a float32 running sum of bias grads
 
     def __exit__(self, *exc):
         import torch
 
         torch.set_float32_matmul_precision(self.saved[0])
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved[1:]
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.mkldnn.enabled) = self.saved[1:]
 
 
 # --------------------------------------------------------------------------- public API
