@@ -216,6 +216,23 @@ def download_cifar10(data_dir=None, base_url: str | None = None, md5: str | None
     return path
 
 
+def _checksums(dataset: str, published: dict, names: dict, overrides: dict | None) -> dict:
+    """{file name: sha256}: the published digests, with `overrides` (keyed by a short name
+    from `names` or by the file name) replacing single entries."""
+    expected = dict(published)
+    for key, digest in (overrides or {}).items():
+        name = names.get(key, key)
+        if name not in expected:
+            raise UserError(f"download: no {dataset} file {key!r} to give a checksum for "
+                            f"(one of {', '.join(names)} or {', '.join(expected)})")
+        expected[name] = digest
+    return expected
+
+
+def _folder_url(base: str) -> str:
+    return base if base.endswith("/") else base + "/"
+
+
 def download_binarized_mnist(data_dir=None, base_url: str | None = None, sha256: dict | None = None,
                              progress: bool = True) -> dict:
     """Fetch binarized_mnist_{train,valid,test}.amat into `data_dir`; returns {split: Path}.
@@ -228,15 +245,8 @@ def download_binarized_mnist(data_dir=None, base_url: str | None = None, sha256:
     from flaxport.data import binarized_mnist  # binarized_mnist imports this module
 
     data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
-    expected = dict(BINARIZED_MNIST_SHA256)
-    for key, digest in (sha256 or {}).items():
-        name = binarized_mnist.FILES.get(key, key)
-        if name not in expected:
-            raise UserError(f"download: no binarized_mnist file {key!r} to give a checksum for "
-                            f"(one of {', '.join(binarized_mnist.SPLITS)} or {', '.join(expected)})")
-        expected[name] = digest
-    base = base_url or BINARIZED_MNIST_BASE_URL
-    base += "" if base.endswith("/") else "/"
+    expected = _checksums("binarized_mnist", BINARIZED_MNIST_SHA256, binarized_mnist.FILES, sha256)
+    base = _folder_url(base_url or BINARIZED_MNIST_BASE_URL)
     # Smallest first: a wrong mirror or checksum shows up before the 78 MB file is fetched.
     order = sorted(binarized_mnist.SPLITS, key=lambda s: s == "train")
     dests = binarized_mnist.paths(data_dir)
@@ -262,15 +272,8 @@ def download_flowers102(data_dir=None, base_url: str | None = None, sha256: dict
 
     data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
     files = {"setid": flowers102.SETID, "labels": flowers102.LABELS, "images": flowers102.ARCHIVE}
-    expected = dict(FLOWERS102_SHA256)
-    for key, digest in (sha256 or {}).items():
-        name = files.get(key, key)
-        if name not in expected:
-            raise UserError(f"download: no flowers102 file {key!r} to give a checksum for "
-                            f"(one of {', '.join(files)} or {', '.join(expected)})")
-        expected[name] = digest
-    base = base_url or FLOWERS102_BASE_URL
-    base += "" if base.endswith("/") else "/"
+    expected = _checksums("flowers102", FLOWERS102_SHA256, files, sha256)
+    base = _folder_url(base_url or FLOWERS102_BASE_URL)
     out = {}
     # Smallest first: a wrong mirror or checksum shows up before the 345 MB archive is fetched.
     for key, name in files.items():

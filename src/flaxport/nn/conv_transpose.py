@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import math
 
-import jax
-import jax.numpy as jnp
 from flax import linen as nn
 from jax import lax
 
 from flaxport.nn.conv_nd import as_tuple, dimension_numbers
+from flaxport.nn.linear import torch_bias_init
 
 
 def conv_transpose(x, kernel, stride, padding, output_padding, dilation):
@@ -41,16 +40,6 @@ def conv_transpose(x, kernel, stride, padding, output_padding, dilation):
     flipped = kernel[tuple(slice(None, None, -1) for _ in range(n))]
     return lax.conv_general_dilated(x, flipped, (1,) * n, pads, lhs_dilation=s, rhs_dilation=d,
                                     dimension_numbers=dimension_numbers(n))
-
-
-def _torch_init(fan_in):
-    """U(+-1/sqrt(fan_in)): torch's kaiming_uniform(a=sqrt(5)); for ConvTranspose fan_in = out * prod(k)."""
-    bound = 1.0 / math.sqrt(fan_in)
-
-    def init(key, shape, dtype=jnp.float32):
-        return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-    return init
 
 
 class ConvTransposeNd(nn.Module):
@@ -74,11 +63,13 @@ class ConvTransposeNd(nn.Module):
         if x.ndim != n + 2:
             raise ValueError(f"ConvTranspose{n}d expects (N, *{n} spatial, C) input, got shape {x.shape}")
         k = as_tuple(self.kernel_size, n, "kernel_size")
-        fan_in = self.features * math.prod(k)  # torch computes it from weight.size(1) = out channels
-        kernel = self.param("kernel", _torch_init(fan_in), k + (x.shape[-1], self.features))
+        # torch's U(+-1/sqrt(fan_in)) for weight and bias, with fan_in from weight.size(1) =
+        # out channels for a transposed conv.
+        fan_in = self.features * math.prod(k)
+        kernel = self.param("kernel", torch_bias_init(fan_in), k + (x.shape[-1], self.features))
         y = conv_transpose(x, kernel, self.stride, self.padding, self.output_padding, self.dilation)
         if self.use_bias:
-            y = y + self.param("bias", _torch_init(fan_in), (self.features,))
+            y = y + self.param("bias", torch_bias_init(fan_in), (self.features,))
         return y
 
 
