@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[torch,keras,dev]"
+	$(PY) -c "from flaxport import kernels; kernels.available()"  # build the FFI convs now, not in a first epoch
 	touch $(STAMP)
 
 demo: setup

@@ -146,7 +146,7 @@ def test_data_errors_are_one_line(cli, tmp_path, case):
 
 def test_unknown_conv_impl_is_a_user_error(cli, tmp_path):
     proc = cli("train", "cnn", "--config", "smoke", "--set", "conv_impl=nosuch", "--workdir", tmp_path / "run")
-    _one_line_error(proc, "conv_impl", "nosuch", "im2col, xla")
+    _one_line_error(proc, "conv_impl", "nosuch", "native, im2col, xla")
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 

@@ -69,7 +69,7 @@ def config():
     return config_lib.get_config("default")
 
 
-@pytest.mark.parametrize("conv_impl,channels_last", [("im2col", False), ("xla", False), ("im2col", True)])
+@pytest.mark.parametrize("conv_impl,channels_last", [("native", False), ("im2col", False), ("xla", False), ("im2col", True)])
 def test_one_step_float32(config, conv_impl, channels_last):
     """Loss, every gradient, BatchNorm statistics, parameters after Adam, eval logits.
 

@@ -111,22 +111,27 @@ def _check_step(config, state, ts, draws, run, tol, k):
     return new_state
 
 
-def test_one_step_float32(config):
+@pytest.mark.parametrize("conv_impl,widths", [("im2col", (8, 16)), ("native", (16, 32))])
+def test_one_step_float32(config, conv_impl, widths):
     """Loss, image loss, every gradient, BN statistics, weights after AdamW, EMA weights and
-    EMA statistics, from the same weights, images, noise and times, with im2col convs (the
-    float64 test runs the default, XLA's conv op). One down/up stage of two blocks: each
-    UNet step costs seconds of XLA compile."""
-    config = dataclasses.replace(config, widths=(8, 16), conv_impl="im2col")
+    EMA statistics, from the same weights, images, noise and times, with im2col convs and
+    with flaxport's FFI convs (widths multiples of 16, so every 3x3 conv runs on them; the
+    float64 test runs XLA's conv op). One down/up stage of two blocks: each UNet step costs
+    seconds of XLA compile."""
+    config = dataclasses.replace(config, widths=widths, conv_impl=conv_impl)
     ts = _twin(config)
     state = convert.state_from_torch(config, ts)
-    tol = {"loss": 1e-6, "grads": dict(rtol=1e-3, atol=1e-5), "params": dict(rtol=1e-5, atol=1e-5), "tiny": True}
+    # The FFI conv sums each output's 9 x cin products in one chain, oneDNN and XLA in
+    # blocks: the loss differs by 3e-6 relative (im2col 1e-6), inside the issue's 1e-5.
+    tol = {"loss": 1e-5 if conv_impl == "native" else 1e-6, "grads": dict(rtol=1e-3, atol=1e-5),
+           "params": dict(rtol=1e-5, atol=1e-5), "tiny": True}
     _check_step(config, state, ts, _draws(config, 1), _flax_step(config), tol, 1)
 
 
 def test_two_steps_float64(config):
     """Everything to 1e-6 (grads to 1e-9) over two steps of the warmup-cosine schedule
-    (lr 0, then lr), with the default conv op (a float64 im2col step compiles ~2x longer)."""
-    config = dataclasses.replace(config, widths=(8, 16), lr_schedule="warmup_cosine",
+    (lr 0, then lr), with XLA's conv op (a float64 im2col step compiles ~2x longer)."""
+    config = dataclasses.replace(config, widths=(8, 16), conv_impl="xla", lr_schedule="warmup_cosine",
                                  warmup_steps=1, schedule_steps=4)
     tol = {"loss": 1e-12, "grads": dict(rtol=1e-9, atol=1e-12), "params": dict(rtol=1e-6, atol=1e-8)}
     with jax.enable_x64(True):

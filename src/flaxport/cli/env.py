@@ -37,6 +37,11 @@ def facts() -> dict:
     out["jax_backend"] = jax.default_backend()
     out["jax_devices"] = [str(d) for d in jax.devices()]
     out["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
+    if out["jax_backend"] == "cpu":
+        from flaxport import kernels
+
+        out["native_convs"] = (f"built ({kernels.library_path().name})" if kernels.available()
+                               else f"off: {kernels.unavailable_reason()}")
     if out["torch"] != "not installed":
         import torch
 

@@ -46,6 +46,7 @@ def run(args) -> int:
     if args.framework == "jax":
         from flaxport.harness import loop
 
+        _note_native_convs_unsharded(config, args.devices, main)
         result = loop.train(workload, config, workdir=workdir, seed=args.seed, epochs=args.epochs,
                             runner=args.runner, resume=args.resume, data=data, progress=not args.no_progress,
                             devices=args.devices, init_state=_from_torch(workload, args.init_from))
@@ -84,3 +85,14 @@ def _from_torch(workload, path):
         return init_state_from_torch(workload, config, path, key)
 
     return init_state
+
+
+def _note_native_convs_unsharded(config, devices, main: bool) -> None:
+    """flaxport's FFI convs carry no partitioning rule: on a mesh XLA gathers the whole
+    batch around each of them (right numbers, no speed-up). Say so, and how to avoid it."""
+    import jax
+
+    if getattr(config, "conv_impl", None) == "native" and (devices or jax.device_count()) > 1 and main:
+        info("note: conv_impl=native runs each conv on the whole batch on every device; "
+             "--set conv_impl=im2col shards them")
+

@@ -9,7 +9,11 @@ Three things differ from `flax.linen.Conv` at its defaults and break ports:
   Flax uses lecun_normal and zero bias.
 * layout: the kernel is HWIO (kh, kw, cin, cout); torch's weight is OIHW.
 
-`impl` picks how the convolution runs on XLA. "im2col" gathers the kh*kw shifted views
+`impl` picks how the convolution runs on XLA. "native" calls flaxport's own direct
+convolution kernels through the XLA FFI (`flaxport.kernels`, CPU only, built on first
+use) and falls back wherever they cannot run: to "xla" on GPU/TPU, to "im2col" on a CPU
+for stride 2, output channels not a multiple of 16, float64, no C++ compiler, or
+FLAXPORT_NATIVE=0. "im2col" gathers the kh*kw shifted views
 into one (N*H*W, kh*kw*cin) matrix and multiplies once; "xla" calls
 `lax.conv_general_dilated`. Same numbers up to float rounding; on XLA:CPU im2col is the
 faster one for small convolutions (README, "CNN speed"), and a conv
@@ -18,6 +22,7 @@ while the matmul form does not.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from jax import lax
@@ -40,11 +45,17 @@ def im2col(x, kh: int, kw: int, padding: int, stride: int = 1):
 def conv2d(x, kernel, padding: int = 0, stride: int = 1, impl: str = "im2col"):
     """torch's conv2d in NHWC: x (N, H, W, Cin), kernel (kh, kw, Cin, Cout) -> (N, Ho, Wo, Cout)."""
     kh, kw, cin, cout = kernel.shape
+    if impl == "native":
+        from flaxport.kernels.conv import native_conv2d, supported
+
+        if supported(x.shape, kernel.shape, stride, padding, x.dtype, kernel.dtype):
+            return native_conv2d(x, kernel, padding)
+        impl = "im2col" if jax.default_backend() == "cpu" else "xla"
     if impl == "xla":
         return lax.conv_general_dilated(x, kernel, (stride, stride), ((padding, padding), (padding, padding)),
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
     if impl != "im2col":
-        raise ValueError(f"conv impl {impl!r}: choose im2col or xla")
+        raise ValueError(f"conv impl {impl!r}: choose native, im2col or xla")
     cols = im2col(x, kh, kw, padding, stride)
     n, ho, wo, k = cols.shape
     return jnp.dot(cols.reshape(n * ho * wo, k), kernel.reshape(k, cout)).reshape(n, ho, wo, cout)

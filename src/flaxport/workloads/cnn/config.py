@@ -8,7 +8,7 @@ from typing import ClassVar
 @dataclasses.dataclass(frozen=True)
 class Config:
     # The values a string field may take; `--set` checks them before anything runs.
-    CHOICES: ClassVar[dict] = {"data": ("digits", "cifar10"), "conv_impl": ("im2col", "xla"),
+    CHOICES: ClassVar[dict] = {"data": ("digits", "cifar10"), "conv_impl": ("native", "im2col", "xla"),
                                "runner": ("step", "scan")}
 
     variant: str = "default"
@@ -33,9 +33,10 @@ class Config:
     batch_size: int = 32
     epochs: int = 5
     eval_batch: int = 500  # evaluation chunk: fixed, so eval compiles once
-    # How the Flax convs run on XLA: "im2col" (patches @ kernel) or "xla" (conv op).
-    conv_impl: str = "im2col"
-    # scan: one compiled epoch; with im2col convs it beats jit-per-step here (README, cnn speed).
+    # How the Flax convs run (flaxport.nn.conv2d): "native" (flaxport's FFI kernels on
+    # CPU, else im2col/xla), "im2col" (patches @ kernel) or "xla" (the conv op).
+    conv_impl: str = "native"
+    # scan: one compiled epoch (README, cnn speed).
     runner: str = "scan"
 
 

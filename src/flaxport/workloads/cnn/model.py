@@ -20,7 +20,7 @@ class CNN(nn.Module):
     num_classes: int = 10
     bn_eps: float = 1e-5
     bn_momentum: float = 0.1
-    conv_impl: str = "im2col"
+    conv_impl: str = "native"
 
     @nn.compact
     def __call__(self, images_nhwc, train: bool):

@@ -15,7 +15,7 @@ from typing import ClassVar
 class Config:
     # The values a string field may take; `--set` checks them before anything runs.
     CHOICES: ClassVar[dict] = {"data": ("digits", "flowers102"), "lr_schedule": ("constant", "warmup_cosine"),
-                               "conv_impl": ("im2col", "xla"), "runner": ("step", "scan")}
+                               "conv_impl": ("native", "im2col", "xla"), "runner": ("step", "scan")}
 
     variant: str = "default"
     # Data: "digits" (embedded, 32x32x3, the default) or "flowers102" (64x64x3 in keras's
@@ -64,10 +64,11 @@ class Config:
     # KID compares this many samples (fixed noise, EMA network) with the held-out images.
     # keras measures per validation batch; one set of 256 gives a steadier number per epoch.
     kid_images: int = 256
-    # How the Flax convs run on XLA (flaxport.nn.conv2d). "xla" here: at 32x32, batch 64 a
-    # train step took 2.1 s against 2.3 s with im2col, a 20-step sample of 64 took 9.5 s
-    # against 25 s (2-core CPU, shared), and a float64 step compiles faster.
-    conv_impl: str = "xla"
+    # How the Flax convs run (flaxport.nn.conv2d). "native", flaxport's FFI kernels on CPU:
+    # at 32x32, batch 64 a train step took 0.82-0.90 s against 1.50 s with "xla" and a
+    # 20-step sample of 64 took 5.0 s against 10.0 s (2-core CPU). Of the pure-JAX forms,
+    # "xla" beats im2col here (2.1 against 2.3 s a step, 9.5 against 25 s a sample).
+    conv_impl: str = "native"
     runner: str = "step"  # jit per step, as the seed article's loop
 
 

@@ -10,6 +10,8 @@ window), so a trained model outlives this package's code.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -25,7 +27,12 @@ def ema_variables(config, framework: str, state) -> dict:
 
 
 def export_sampler(config, variables, n: int, diffusion_steps: int) -> jax.export.Exported:
-    """step.generate for noise float32 (n, H, W, C), with `variables` baked in as constants."""
+    """step.generate for noise float32 (n, H, W, C), with `variables` baked in as constants.
+
+    The convs are XLA's own: an artifact that called flaxport's FFI kernels could not run
+    where flaxport is not installed."""
+    if config.conv_impl == "native":
+        config = dataclasses.replace(config, conv_impl="xla")
     variables = jax.tree.map(jnp.asarray, variables)
     side = config.image_size
 

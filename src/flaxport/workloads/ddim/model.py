@@ -29,7 +29,7 @@ class Conv(nn.Module):
     features: int
     kernel_size: int = 1
     zero_init: bool = False  # keras kernel_initializer="zeros" (the head)
-    impl: str = "xla"
+    impl: str = "native"
 
     @nn.compact
     def __call__(self, x):
@@ -79,7 +79,7 @@ class ResidualBlock(nn.Module):
     width: int
     bn_momentum: float = 0.01
     bn_eps: float = 1e-3
-    conv_impl: str = "xla"
+    conv_impl: str = "native"
 
     @nn.compact
     def __call__(self, x, train: bool):
@@ -104,7 +104,7 @@ class UNet(nn.Module):
     channels: int = 3
     bn_momentum: float = 0.01
     bn_eps: float = 1e-3
-    conv_impl: str = "xla"
+    conv_impl: str = "native"
 
     @nn.compact
     def __call__(self, noisy_images_nhwc, noise_variances, train: bool):

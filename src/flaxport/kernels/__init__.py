@@ -1,0 +1,104 @@
+"""Native CPU kernels reached through the XLA FFI (`jax.ffi`), built on first use.
+
+`conv_cpu.cc` holds a direct NHWC convolution (forward and weight gradient) that XLA:CPU
+lacks. It is compiled once per machine with the system C++ compiler against the FFI
+headers jaxlib ships, cached under `$FLAXPORT_CACHE` (default ~/.cache/flaxport/kernels),
+and registered with JAX for the CPU platform. Where no compiler is found or the build
+fails, `available()` says why and callers fall back to pure JAX.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_SOURCE = Path(__file__).with_name("conv_cpu.cc")
+_TARGETS = {"flaxport_conv_fwd": "FlaxportConvFwd", "flaxport_conv_dw": "FlaxportConvDw"}
+_state: dict = {}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FLAXPORT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "flaxport")
+    return Path(root) / "kernels"
+
+
+def _cpu_signature() -> str:
+    """The CPU's feature flags: -march=native code built on one CPU may not run on another."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _compile_command(out: Path) -> list:
+    import jax
+
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++, clang++ or $CXX) on PATH")
+    return [cxx, "-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC",
+            f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", str(out)]
+
+
+def library_path() -> Path:
+    """Build the kernel library if this machine has no current build; return its path."""
+    import jaxlib
+
+    probe = _compile_command(Path("OUT"))
+    key = hashlib.sha256("\0".join([_SOURCE.read_text(), jaxlib.__version__, _cpu_signature(),
+                                    " ".join(probe[1:])]).encode()).hexdigest()[:16]
+    path = cache_dir() / f"conv_cpu-{key}.so"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the final name and rename: concurrent first uses never load half a file.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(_compile_command(Path(tmp)), capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(f"building {_SOURCE.name} failed: {last}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def available() -> bool:
+    """Whether the FFI conv kernels are built and registered (building them if needed).
+
+    FLAXPORT_NATIVE=0 turns them off. The reason for a False is in `unavailable_reason()`.
+    """
+    if "ok" in _state:
+        return _state["ok"]
+    if os.environ.get("FLAXPORT_NATIVE", "1") == "0":
+        _state.update(ok=False, reason="FLAXPORT_NATIVE=0")
+        return False
+    try:
+        import jax
+
+        lib = ctypes.cdll.LoadLibrary(str(library_path()))
+        for target, symbol in _TARGETS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+        _state.update(ok=True, reason="", lib=lib)
+    except (OSError, RuntimeError, AttributeError) as e:
+        _state.update(ok=False, reason=str(e))
+        print(f"flaxport: native CPU conv kernels unavailable ({e}); using pure JAX", file=sys.stderr)
+    return _state["ok"]
+
+
+def unavailable_reason() -> str:
+    available()
+    return _state.get("reason", "")
