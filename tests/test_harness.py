@@ -1,4 +1,5 @@
 """The Flax harness: runners agree, resume is bit-exact, NaN stops cleanly."""
+import os
 import jax
 import numpy as np
 import pytest
@@ -114,3 +115,35 @@ def test_torch_loop_resume_is_exact_too(tmp_path):
     saved = torch.load(tmp_path / "auto" / "checkpoints" / "epoch_1.pt", weights_only=False)["meta"]["threads"]
     again = torch_loop.train(GAN, SMOKE, workdir=tmp_path / "auto", epochs=2, resume=True, **auto)
     assert again.settings["threads"] == saved
+
+
+_FAULTS = """
+import resource, sys
+import numpy as np
+from flaxport.harness.cpu import tune_allocator
+tune_allocator()
+faults = []
+for _ in range(6):  # 64 MB, above glibc's largest mmap threshold, as XLA's step buffers are
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    a = np.empty(64 << 20, np.uint8)
+    a[::4096] = 1  # touch every page
+    del a
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(max(faults[2:]))
+"""
+
+
+@pytest.mark.parametrize("malloc,most", [("default", None), ("", 8)])
+def test_allocator_reuses_big_blocks_instead_of_faulting_them_in_again(malloc, most):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FLAXPORT_MALLOC": malloc}
+    proc = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    faults = int(proc.stdout.strip())
+    if most is None:  # glibc's defaults: the block is mapped afresh every time, so every
+        # page faults in again (a fault per 2 MB even with transparent huge pages)
+        assert faults >= 32, faults
+    else:
+        assert faults <= most, faults
