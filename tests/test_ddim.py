@@ -258,3 +258,21 @@ def test_trained_kid_is_far_below_init(cli, tmp_path, data_dir, monkeypatch):
 
     untrained, _ = ddim.evaluate(config, step.init_state(config, jax.random.key(0)), data, None)
     assert kids[-1] < untrained["kid"] / 5, (kids, untrained)
+
+
+def test_sampling_benchmark_interleaves_both_twins_and_they_agree(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "sampling.json"
+    cmd = [sys.executable, "-m", "flaxport.bench.ddim_sampling", "--config", "smoke", "--rounds", "2", "--n", "8",
+           "--steps", "3"]
+    proc = subprocess.run(cmd + ["--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "| jax |" in proc.stdout and "| torch-eager |" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["rounds"] == 2 and all(len(v) == 2 and min(v) > 0 for v in result["seconds"].values())
+    assert result["jax_speedup_vs_torch_eager"] > 0
+    assert 0 < result["max_abs_image_difference"] < 1e-4  # a random head: the samples are not trivially equal
+    bad = subprocess.run(cmd[:3] + ["--rounds", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--rounds must be at least 1" in bad.stderr.strip().splitlines()[-1]
