@@ -156,3 +156,12 @@ def test_no_kernels_means_pure_jax_and_one_line_saying_why(tmp_path, env, reason
 
 def kernels_reason(stdout: str) -> str:
     return stdout.split("reason: ", 1)[1].strip()
+
+
+def test_an_empty_batch_gives_empty_outputs_and_zero_weight_gradient():
+    x = jnp.zeros((0, 6, 6, 16), jnp.float32)
+    kernel = jnp.ones((3, 3, 16, 16), jnp.float32)
+    y, vjp = jax.vjp(lambda a, b: native_conv2d(a, b, 1), x, kernel)
+    dx, dw = vjp(jnp.zeros_like(y))
+    assert y.shape == (0, 6, 6, 16) and dx.shape == x.shape
+    np.testing.assert_array_equal(dw, np.zeros((3, 3, 16, 16), np.float32))

@@ -225,6 +225,10 @@ ffi::Error ConvDw(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   const int64_t n = xd[0], hp = xd[1], wp = xd[2], cin = xd[3], k = wd[0], cout = wd[3];
   if (auto e = check_shapes(cout, "flaxport_conv_dw"); e.failure()) return e;
   const int64_t ho = gd[1], wo = gd[2], taps = k * k * cin, size = taps * cout;
+  if (n * ho * wo == 0) {  // an empty batch or image: the sum over no pixels
+    std::memset(dw->typed_data(), 0, size * sizeof(float));
+    return ffi::Error::Success();
+  }
   const std::vector<int64_t> off = tap_offsets(k, wp, cin);
   // Chunks of at most 1024 output pixels (a few rows of one image, or a few whole small
   // images): the x and dy they touch stay in L1/L2 while every tap and channel block
