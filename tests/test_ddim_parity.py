@@ -130,8 +130,9 @@ def test_one_step_float32(config, conv_impl, widths):
 
 def test_two_steps_float64(config):
     """Everything to 1e-6 (grads to 1e-9) over two steps of the warmup-cosine schedule
-    (lr 0, then lr), with XLA's conv op (a float64 im2col step compiles ~2x longer)."""
-    config = dataclasses.replace(config, widths=(8, 16), conv_impl="xla", lr_schedule="warmup_cosine",
+    (lr 0, then lr), with the default conv_impl: in float64 "native" falls back to XLA's
+    conv op (a float64 im2col step compiles ~2x longer)."""
+    config = dataclasses.replace(config, widths=(8, 16), lr_schedule="warmup_cosine",
                                  warmup_steps=1, schedule_steps=4)
     tol = {"loss": 1e-12, "grads": dict(rtol=1e-9, atol=1e-12), "params": dict(rtol=1e-6, atol=1e-8)}
     with jax.enable_x64(True):

@@ -52,14 +52,18 @@ def test_values_and_both_gradients_match_lax_conv(shape):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(r))), err_msg=name)
 
 
+def _lowered(x, kshape, stride, **kw):
+    return jax.jit(lambda x, k: conv2d(x, k, 1, stride, **kw)).lower(x, jnp.ones(kshape, jnp.float32)).as_text()
+
+
 def test_conv2d_uses_the_kernel_only_where_it_can_and_falls_back_otherwise():
     x = jnp.ones((1, 6, 6, 16), jnp.float32)
-    lowered = lambda *a, **kw: jax.jit(lambda x, k: conv2d(x, k, *a, **kw)).lower(  # noqa: E731
-        x, jnp.ones(kw.pop("kshape"), jnp.float32)).as_text()
-    assert "flaxport_conv_fwd" in lowered(1, 1, impl="native", kshape=(3, 3, 16, 32))
-    # stride 2, 10 output channels: im2col, same numbers
+    assert "flaxport_conv_fwd" in _lowered(x, (3, 3, 16, 32), 1, impl="native")
+    # stride 2, 10 output channels: the fallback (im2col unless named), same numbers
     for stride, kshape in ((2, (3, 3, 16, 32)), (1, (3, 3, 16, 10))):
-        assert "flaxport_conv" not in lowered(1, stride, impl="native", kshape=kshape)
+        text = _lowered(x, kshape, stride, impl="native")
+        assert "flaxport_conv" not in text and "convolution" not in text
+        assert "convolution" in _lowered(x, kshape, stride, impl="native", fallback="xla")
         k = jnp.asarray(np.random.default_rng(0).standard_normal(kshape), jnp.float32)
         np.testing.assert_allclose(conv2d(x, k, 1, stride, "native"), conv2d(x, k, 1, stride, "im2col"), rtol=1e-6)
     assert not supported((1, 6, 6, 16), (3, 3, 16, 32), 1, 1, jnp.float32, jnp.float64)

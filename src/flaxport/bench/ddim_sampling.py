@@ -37,8 +37,8 @@ def _args(argv):
     return args
 
 
-def run(argv=None) -> dict:
-    args = _args(argv)
+def run(args) -> dict:
+    """The figures of one benchmark, for parsed `args`."""
     from flaxport.harness.cpu import tune_allocator
 
     tune_allocator()  # as for every flaxport run, both frameworks
@@ -88,13 +88,12 @@ def run(argv=None) -> dict:
             "seconds": {k: [round(s, 3) for s in v] for k, v in seconds.items()},
             "median_seconds": {k: round(v, 3) for k, v in median.items()},
             "jax_speedup_vs_torch_eager": round(median["torch-eager"] / median["jax"], 3),
-            "max_abs_image_difference": float(np.max(np.abs(images_jax - images_torch))),
-            "args": args}
+            "max_abs_image_difference": float(np.max(np.abs(images_jax - images_torch)))}
 
 
 def main(argv=None) -> int:
-    result = run(argv)
-    args = result.pop("args")
+    args = _args(argv)
+    result = run(args)
     print(f"ddim sampling, {result['n']} images x {result['steps']} steps ({result['config']} config), "
           f"{result['rounds']} interleaved rounds; JAX compile {result['jax_compile_seconds']} s apart")
     print("| run | median (s) | min (s) | max (s) |\n|---|---:|---:|---:|")

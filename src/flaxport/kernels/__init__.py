@@ -40,23 +40,24 @@ def _cpu_signature() -> str:
     return platform.processor() or platform.machine()
 
 
-def _compile_command(out: Path) -> list:
+def _compile_command() -> list:
+    """The compiler and flags, without the output file (they are part of the cache key)."""
     import jax
 
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++, clang++ or $CXX) on PATH")
     return [cxx, "-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC",
-            f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", str(out)]
+            f"-I{jax.ffi.include_dir()}", str(_SOURCE)]
 
 
 def library_path() -> Path:
     """Build the kernel library if this machine has no current build; return its path."""
     import jaxlib
 
-    probe = _compile_command(Path("OUT"))
+    command = _compile_command()
     key = hashlib.sha256("\0".join([_SOURCE.read_text(), jaxlib.__version__, _cpu_signature(),
-                                    " ".join(probe[1:])]).encode()).hexdigest()[:16]
+                                    " ".join(command[1:])]).encode()).hexdigest()[:16]
     path = cache_dir() / f"conv_cpu-{key}.so"
     if path.exists():
         return path
@@ -65,7 +66,7 @@ def library_path() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        done = subprocess.run(_compile_command(Path(tmp)), capture_output=True, text=True)
+        done = subprocess.run(command + ["-o", tmp], capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise RuntimeError(f"building {_SOURCE.name} failed: {last}")

@@ -69,7 +69,7 @@ def _native_bwd(padding, residuals, grad_out):
     flipped = jnp.transpose(kernel[::-1, ::-1], (0, 1, 3, 2))
     if cin % 16 == 0:
         grad_x = _fwd_call(_pad(grad_out, k - 1 - padding), flipped)
-    else:  # e.g. an RGB input: XLA's transposed conv (rarely needed: nobody asks for it)
+    else:  # e.g. an RGB input (whose gradient is usually unused, and then dropped by XLA)
         grad_x = jax.lax.conv_general_dilated(_pad(grad_out, k - 1 - padding), flipped, (1, 1), "VALID",
                                               dimension_numbers=("NHWC", "HWIO", "NHWC"))
     return grad_x, grad_kernel

@@ -11,9 +11,9 @@ Three things differ from `flax.linen.Conv` at its defaults and break ports:
 
 `impl` picks how the convolution runs on XLA. "native" calls flaxport's own direct
 convolution kernels through the XLA FFI (`flaxport.kernels`, CPU only, built on first
-use) and falls back wherever they cannot run: to "xla" on GPU/TPU, to "im2col" on a CPU
-for stride 2, output channels not a multiple of 16, float64, no C++ compiler, or
-FLAXPORT_NATIVE=0. "im2col" gathers the kh*kw shifted views
+use). Where they cannot run (stride 2, output channels not a multiple of 16, float64, no
+C++ compiler, FLAXPORT_NATIVE=0) it runs `fallback` on a CPU ("im2col" unless the caller
+knows better: the DDIM's big convs are faster as "xla") and "xla" on GPU/TPU. "im2col" gathers the kh*kw shifted views
 into one (N*H*W, kh*kw*cin) matrix and multiplies once; "xla" calls
 `lax.conv_general_dilated`. Same numbers up to float rounding; on XLA:CPU im2col is the
 faster one for small convolutions (README, "CNN speed"), and a conv
@@ -42,15 +42,17 @@ def im2col(x, kh: int, kw: int, padding: int, stride: int = 1):
     return views[0] if len(views) == 1 else jnp.concatenate(views, axis=-1)
 
 
-def conv2d(x, kernel, padding: int = 0, stride: int = 1, impl: str = "im2col"):
-    """torch's conv2d in NHWC: x (N, H, W, Cin), kernel (kh, kw, Cin, Cout) -> (N, Ho, Wo, Cout)."""
+def conv2d(x, kernel, padding: int = 0, stride: int = 1, impl: str = "im2col", fallback: str = "im2col"):
+    """torch's conv2d in NHWC: x (N, H, W, Cin), kernel (kh, kw, Cin, Cout) -> (N, Ho, Wo, Cout).
+
+    `fallback`: what impl="native" runs on a CPU where the kernels cannot."""
     kh, kw, cin, cout = kernel.shape
     if impl == "native":
         from flaxport.kernels.conv import native_conv2d, supported
 
         if supported(x.shape, kernel.shape, stride, padding, x.dtype, kernel.dtype):
             return native_conv2d(x, kernel, padding)
-        impl = "im2col" if jax.default_backend() == "cpu" else "xla"
+        impl = fallback if jax.default_backend() == "cpu" else "xla"
     if impl == "xla":
         return lax.conv_general_dilated(x, kernel, (stride, stride), ((padding, padding), (padding, padding)),
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))

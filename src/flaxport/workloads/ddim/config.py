@@ -67,7 +67,8 @@ class Config:
     # How the Flax convs run (flaxport.nn.conv2d). "native", flaxport's FFI kernels on CPU:
     # at 32x32, batch 64 a train step took 0.82-0.90 s against 1.50 s with "xla" and a
     # 20-step sample of 64 took 5.0 s against 10.0 s (2-core CPU). Of the pure-JAX forms,
-    # "xla" beats im2col here (2.1 against 2.3 s a step, 9.5 against 25 s a sample).
+    # "xla" beats im2col here (2.1 against 2.3 s a step, 9.5 against 25 s a sample), so it
+    # is what "native" falls back to (no compiler, float64).
     conv_impl: str = "native"
     runner: str = "step"  # jit per step, as the seed article's loop
 
