@@ -29,7 +29,7 @@ SEED = 0
 
 @pytest.fixture(scope="module")
 def config():
-    return dataclasses.replace(config_lib.get_config("default"), widths=(8, 16, 24), batch_size=4,
+    return dataclasses.replace(config_lib.get_config("default"), image_size=32, widths=(8, 16, 24), batch_size=4,
                                norm_mean=(0.2, 0.3, 0.4), norm_std=(0.3, 0.25, 0.35))
 
 
@@ -106,8 +106,9 @@ def _check_step(config, state, ts, draws, run, tol, k):
     tiny = grads_t if tol.get("tiny") else None
     _assert_sd(convert.flax_to_torch(config, new_state.variables(), k), _sd(ts.model), f"after step {k}",
                **tol["params"], tiny_grads=tiny, lr=lr)
+    decay = schedule.ema_decay(config, k - 1)
     _assert_sd(convert.flax_to_torch(config, new_state.ema_variables(), k), _sd(ts.ema_model),
-               f"EMA after step {k}", **tol["params"], tiny_grads=tiny, lr=lr * (1 - config.ema))
+               f"EMA after step {k}", **tol["params"], tiny_grads=tiny, lr=lr * (1 - decay))
     return new_state
 
 
@@ -145,6 +146,19 @@ def test_two_steps_float64(config):
         assert int(state.step) == ts.steps_done == 2
 
 
+def test_ema_decay_warms_up_alike_in_both_twins(config):
+    """min(0.999, (1 + t) / (10 + t)) at update t, from Python ints (torch) and from the
+    traced step counter (Flax); keras's constant with ema_warmup=False."""
+    updates = [0, 1, 9, 90, 890, 8990, 8991, 20000]
+    want = [min(0.999, (1 + t) / (10 + t)) for t in updates]
+    assert [schedule.ema_decay(config, t) for t in updates] == want
+    traced = jax.jit(jax.vmap(lambda t: schedule.ema_decay(config, t)))(jnp.asarray(updates))
+    np.testing.assert_allclose(np.asarray(traced), want, rtol=1e-7)
+    assert want[0] == 0.1 and want[-1] == 0.999
+    keras = dataclasses.replace(config, ema_warmup=False)
+    assert schedule.ema_decay(keras, 0) == schedule.ema_decay(keras, 20000) == 0.999
+
+
 def test_ddim_sampling_float32(config):
     """10 DDIM steps from the same noise with the EMA network in eval mode (running BN
     statistics). An untrained network does not denoise, so the sampler's remixing scales
@@ -163,6 +177,13 @@ def test_ddim_sampling_float32(config):
     assert 0.0 <= images.min() and images.max() <= 1.0
     assert ((images_t > 0) & (images_t < 1)).mean() > 0.9 and images_t.std() > 0.1  # not all clipped
     np.testing.assert_allclose(images, images_t, rtol=0, atol=1e-4)
+    # The reverse process (diffusion.png): the noisy image each step starts from, then the output.
+    path = np.asarray(step.reverse_diffusion.lower(config, variables, noise, 10, True).compile(FAST)(variables, noise))
+    path_t = step_torch.reverse_diffusion(config, ts.ema_model, _nchw(noise), 10, keep_path=True)
+    assert path.shape == (11, *noise.shape) and tuple(path_t.shape) == (11, *_nchw(noise).shape)
+    np.testing.assert_array_equal(path[0], noise)
+    np.testing.assert_array_equal(path[-1], raw)
+    np.testing.assert_allclose(path, path_t.numpy().transpose(0, 1, 3, 4, 2), rtol=0, atol=1e-4 * np.abs(raw_t).max())
 
 
 def test_layers_match_torch_and_keras_semantics():

@@ -20,7 +20,7 @@ import time
 
 def _args(argv):
     p = argparse.ArgumentParser(prog="python -m flaxport.bench.ddim_sampling", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="default", help="ddim config variant (default: default, 32x32)")
+    p.add_argument("--config", default="bench", help="ddim config variant (default: bench, 32x32)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per framework (default 5)")
     p.add_argument("--n", type=int, default=64, help="images per sample (default 64)")
     p.add_argument("--steps", type=int, default=20, help="DDIM steps (default 20)")

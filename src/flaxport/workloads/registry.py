@@ -46,6 +46,9 @@ class Workload:
     # configure(config, data) -> config: settings that come from the training data (DDIM's
     # normalisation statistics); train and compare apply it, so config.json records them.
     configure: Callable | None = None
+    # compare_pictures(workdir, data, [(run name, artifacts)]) -> [paths]: pictures that set
+    # the runs of a `compare` side by side (written in the comparison's workdir).
+    compare_pictures: Callable | None = None
 
 
 # name: (package, one-line summary, prefers single-threaded XLA on CPU)
@@ -53,7 +56,7 @@ _TABLE = {
     "gan": ("flaxport.workloads.gan", "least-squares GAN, BatchNorm MLPs, 1-D two-mode mixture", True),
     "cnn": ("flaxport.workloads.cnn", "Conv-BN-ReLU-Pool x2 + Dense classifier, digits or CIFAR-10 at 32x32x3", False),
     "vae": ("flaxport.workloads.vae", "VAE, Dense 500 encoder/decoder, 20 latents, binarized 28x28 digits or MNIST", False),
-    "ddim": ("flaxport.workloads.ddim", "DDIM: residual UNet, cosine schedule, EMA; digits 32x32 or Flowers 102 64x64", False),
+    "ddim": ("flaxport.workloads.ddim", "DDIM: residual UNet, cosine schedule, EMA; digits 16x16 or Flowers 102 64x64", False),
 }
 
 

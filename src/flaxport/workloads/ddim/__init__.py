@@ -1,7 +1,9 @@
-"""DDIM on 32x32 digits or 64x64 Oxford Flowers (keras-io example, seed article 002)."""
+"""DDIM on 16x16 digits or 64x64 Oxford Flowers (keras-io example, seed article 002)."""
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from flaxport.errors import UserError
 from flaxport.workloads.ddim import config as config_lib
@@ -31,7 +33,12 @@ def load_data(config, source=None, data_dir=None):
     else:
         raise UserError(f"ddim trains on {' or '.join(SOURCES)}, not {source!r}")
     # Only images: a label column would be batched and shipped to the device for nothing.
-    data.train, data.test = {"image": data.train["image"]}, {"image": data.test["image"]}
+    # keras's dataset_repetitions: an epoch passes over every training image that many
+    # times (the copies shuffled together), so the per-epoch evaluation comes less often.
+    train = data.train["image"]
+    data.train = {"image": np.tile(train, (config.dataset_repetitions, 1, 1, 1))}
+    data.test = {"image": data.test["image"]}
+    data.meta = {**data.meta, "n_unique_train": len(train), "dataset_repetitions": config.dataset_repetitions}
     return data
 
 
@@ -44,27 +51,32 @@ def configure(config, data):
 
 
 def evaluate(config, state, data, key):
-    """(quality.py's quality, {'samples'}) of the EMA network; deterministic (fixed NumPy
-    draws, shared with the torch twin), so `key` is unused."""
+    """(quality.py's quality, {'samples', 'diffusion', 'about'}) of the EMA network (or the
+    trained one: config.sample_weights); deterministic (fixed NumPy draws, shared with the
+    torch twin), so `key` is unused."""
     del key
-    variables, chunk = state.ema_variables(), config.batch_size
+    ema = config.sample_weights == "ema"
+    variables = state.ema_variables() if ema else state.variables()
+    chunk = config.batch_size
 
-    def sampler(steps):
-        f = step.compiled_sampler(config, variables, steps, chunk)
-        return lambda x: f(variables, x)
+    def sampler(steps):  # x -> (images, path); one compiled program where KID and pictures share the steps
+        f = step.compiled_sampler(config, variables, steps, chunk, keep_path=True)
+        return quality.path_sampler(lambda x: f(variables, x))
 
-    samples, = quality.in_chunks(sampler(config.kid_diffusion_steps), [quality.kid_noise(config)], chunk)
+    samples, _ = quality.in_chunks(sampler(config.kid_diffusion_steps), [quality.kid_noise(config)], chunk)
     test = data.test["image"]
     noise, times = quality.val_draws(config, len(test))
     val, val_image = quality.in_chunks(lambda *a: step.val_losses(config, variables, *a), [test, noise, times], chunk)
-    draw = sampler(config.plot_diffusion_steps)  # compiled here, outside the clock
-    (pictures,), seconds = quality.timed(quality.in_chunks, draw, [quality.picture_noise(config)], chunk)
-    return quality.summarize(quality.kid_score(samples, test), val, val_image, seconds, pictures)
+    draw = sampler(config.plot_diffusion_steps)  # compiled here, off the clock
+    (pictures, path), seconds = quality.timed(quality.in_chunks, draw, [quality.picture_noise(config)], chunk)
+    about = {"framework": "jax", "steps": config.plot_diffusion_steps, "weights": "EMA" if ema else "online"}
+    scores = quality.sample_scores(config, samples, data)
+    return quality.summarize(scores, val, val_image, seconds, pictures, path, about)
 
 
 WORKLOAD = Workload(
     name="ddim",
-    summary="DDIM: residual UNet, cosine schedule, EMA; digits 32x32 or Flowers 102 64x64",
+    summary="DDIM: residual UNet, cosine schedule, EMA; digits 16x16 or Flowers 102 64x64",
     get_config=config_lib.get_config,
     variants=config_lib.VARIANTS,
     data_sources=SOURCES,
@@ -77,4 +89,5 @@ WORKLOAD = Workload(
     loss_keys=("loss", "image_loss"),
     train_flops=model.train_flops,
     configure=configure,
+    compare_pictures=plots.compare_pictures,
 )

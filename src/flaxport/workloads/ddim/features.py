@@ -1,10 +1,11 @@
-"""The KID feature extractor for DDIM: the cnn workload's classifier, trained on digits.
+"""The DDIM quality classifier: the cnn workload's network, trained on digits and non-digits.
 
 No pretrained Inception can be fetched where flaxport is tested, so KID is computed on
-the 256 penultimate activations (fc2's input) of the cnn workload's classifier, trained
-once on the embedded digits (default config, seed 0) and cached. The numbers compare
-runs that share this classifier, not published KIDs; `flaxport.metrics.kid` says how to
-plug in an Inception instead.
+the 256 penultimate activations (fc2's input) of the cnn workload's classifier (default
+config, seed 0, 11 classes), trained once on the embedded digits plus junk.py's
+non-digits (the 11th class) and cached. Its probabilities give the digit scores
+(quality.digit_scores). The numbers compare runs that share this classifier, not
+published KIDs; `flaxport.metrics.kid` says how to plug in an Inception instead.
 """
 from __future__ import annotations
 
@@ -17,27 +18,54 @@ from pathlib import Path
 import numpy as np
 
 from flaxport.metrics.kid import FeatureExtractor, flax_features
+from flaxport.workloads.ddim import junk
 
 CLASSIFIER_EPOCHS = 5
 CLASSIFIER_SIDE = 32  # the cnn's input size; other sizes are resized to it
 
 
+JUNK_SHARE = 0.25  # non-digits added to each split, as a share of its digits
+
+
+def _config():
+    """The cnn default config with an 11th class, "not a digit" (junk.NOT_A_DIGIT)."""
+    import dataclasses
+
+    from flaxport.workloads.cnn import config as cnn_config
+
+    return dataclasses.replace(cnn_config.get_config("default"), num_classes=junk.NOT_A_DIGIT + 1)
+
+
 def _cache_file(cache_dir: Path, config) -> Path:
     import dataclasses
 
-    recipe = json.dumps({**dataclasses.asdict(config), "epochs": CLASSIFIER_EPOCHS, "seed": 0}, sort_keys=True)
+    recipe = json.dumps({**dataclasses.asdict(config), "epochs": CLASSIFIER_EPOCHS, "seed": 0,
+                         "junk": [junk.RECIPE, JUNK_SHARE]}, sort_keys=True)
     return cache_dir / "features" / f"cnn-digits-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}.npz"
 
 
+def training_data(config):
+    """The digits (32x32x3) with junk.images added to each split under label NOT_A_DIGIT."""
+    from flaxport.workloads import registry
+
+    data = registry.get("cnn").load_data(config)
+    for seed, split in enumerate((data.train, data.test)):
+        n = int(round(JUNK_SHARE * len(split["label"])))
+        extra = junk.images(n, split["image"], split["label"], seed)
+        split["image"] = np.concatenate([split["image"], extra])
+        split["label"] = np.concatenate([split["label"], np.full(n, junk.NOT_A_DIGIT, split["label"].dtype)])
+    data.meta = {**data.meta, "classes": [*data.meta["classes"], "not a digit"]}
+    return data
+
+
 def _train(config):
-    """variables {'params', 'batch_stats'} of the cnn trained on digits (a few seconds)."""
+    """variables {'params', 'batch_stats'} of the cnn trained on training_data (a few seconds)."""
     from flaxport.harness import loop
     from flaxport.workloads import registry
 
-    cnn = registry.get("cnn")
     with tempfile.TemporaryDirectory() as work:
-        result = loop.train(cnn, config, workdir=Path(work) / "cnn", epochs=CLASSIFIER_EPOCHS,
-                            data=cnn.load_data(config), checkpoints=False, progress=False, quiet=True)
+        result = loop.train(registry.get("cnn"), config, workdir=Path(work) / "cnn", epochs=CLASSIFIER_EPOCHS,
+                            data=training_data(config), checkpoints=False, progress=False, quiet=True)
     return {"params": result.state.params, "batch_stats": result.state.batch_stats}
 
 
@@ -53,11 +81,10 @@ def classifier_variables(cache_dir=None, with_scale: bool = False):
     import jax
 
     from flaxport.data.download import default_data_dir
-    from flaxport.workloads.cnn import config as cnn_config
     from flaxport.workloads.cnn import model as cnn_model
     from flaxport.workloads.cnn import step as cnn_step
 
-    config = cnn_config.get_config("default")
+    config = _config()
     path = _cache_file(Path(cache_dir) if cache_dir else default_data_dir(), config)
     shapes = jax.eval_shape(lambda: cnn_step.init_state(config, jax.random.key(0)))
     template = {"params": shapes.params, "batch_stats": shapes.batch_stats}
@@ -84,20 +111,21 @@ def classifier_variables(cache_dir=None, with_scale: bool = False):
 _SCALE = "feature_scale"  # a cache file written before the scale was cached lacks it: computed then
 
 
-def _raw_features(net, variables):
-    """The unscaled FeatureExtractor: fc2's input for images in [0, 1], resized to 32x32."""
+def _preprocess(x):
+    """Images (N, H, W, C) in [0, 1], C 1 or 3 -> (N, 32, 32, 3), what the classifier takes."""
     import jax
     import jax.numpy as jnp
 
-    def preprocess(x):
-        if x.shape[-1] == 1:
-            x = jnp.repeat(x, 3, axis=-1)
-        if x.shape[1:3] != (CLASSIFIER_SIDE, CLASSIFIER_SIDE):
-            x = jax.image.resize(x, (x.shape[0], CLASSIFIER_SIDE, CLASSIFIER_SIDE, x.shape[-1]), "linear",
-                                 antialias=True)
-        return x
+    if x.shape[-1] == 1:
+        x = jnp.repeat(x, 3, axis=-1)
+    if x.shape[1:3] != (CLASSIFIER_SIDE, CLASSIFIER_SIDE):
+        x = jax.image.resize(x, (x.shape[0], CLASSIFIER_SIDE, CLASSIFIER_SIDE, x.shape[-1]), "linear", antialias=True)
+    return x
 
-    return flax_features(net.apply, variables, layer="fc2", take="input", preprocess=preprocess,
+
+def _raw_features(net, variables):
+    """The unscaled FeatureExtractor: fc2's input for images in [0, 1], resized to 32x32."""
+    return flax_features(net.apply, variables, layer="fc2", take="input", preprocess=_preprocess,
                          apply_kwargs={"train": False})
 
 
@@ -119,3 +147,27 @@ def classifier_features(cache_dir=None) -> FeatureExtractor:
     net, variables, scale = classifier_variables(cache_dir, with_scale=True)
     raw = _raw_features(net, variables)
     return lambda images: raw(images) / scale
+
+
+def classifier_probabilities(cache_dir=None, batch_size: int = 256):
+    """images float (N, H, W, C) in [0, 1], C 1 or 3 -> float32 (N, 11): the same
+    classifier's probabilities of the digits 0..9 and of "not a digit" (column 10), in
+    eval mode (running BN statistics)."""
+    import jax
+
+    net, variables = classifier_variables(cache_dir)
+    run = jax.jit(lambda v, x: jax.numpy.exp(net.apply(v, _preprocess(x), train=False)))
+
+    def probabilities(images) -> np.ndarray:
+        images = np.asarray(images, np.float32)
+        size = max(1, min(batch_size, len(images)))
+        out = []
+        for start in range(0, len(images), size):  # the last chunk zero-padded: one compile
+            chunk = images[start:start + size]
+            pad = size - len(chunk)
+            if pad:
+                chunk = np.concatenate([chunk, np.zeros((pad, *chunk.shape[1:]), chunk.dtype)])
+            out.append(np.asarray(run(variables, chunk))[:size - pad])
+        return np.concatenate(out)
+
+    return probabilities

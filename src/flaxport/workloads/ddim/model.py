@@ -172,7 +172,7 @@ def train_flops(config) -> int:
     """Model FLOPs of one train step: 2 x multiply-adds of every conv, forward plus backward
     (twice the forward: input and weight gradients) less stem's input gradient, which
     nobody asks for. Pools, upsampling, norms and the optimizer are left out (a few %).
-    110 GFLOP for the default config at 32x32, batch 64 (keras-io: 64x64, 438)."""
+    110 GFLOP for the bench config, 32x32 at batch 64 (keras-io: 64x64, 438)."""
     b, side, levels = config.batch_size, config.image_size, len(config.widths) - 1
     conv = lambda s, k, cin, cout: 2 * b * s * s * k * k * cin * cout  # noqa: E731  ('same' padding)
     stem = conv(side, 1, config.channels, config.widths[0])

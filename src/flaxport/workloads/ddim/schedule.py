@@ -72,6 +72,25 @@ def learning_rate(config, step: int) -> float:
     return config.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+EMA_WARMUP_OFFSET = 10.0
+
+
+def ema_decay(config, update):
+    """The EMA decay of update number `update` (0-based; a Python int, or an integer JAX
+    scalar inside a trace): config.ema, or with config.ema_warmup
+
+        min(ema, (1 + update) / (10 + update))
+
+    as TF's ExponentialMovingAverage(num_updates=) and diffusers' EMA warm it up. The EMA
+    then averages roughly the last tenth of the run (0.1 at the first update, 0.9 at the
+    81st, 0.99 at the 891st), so it forgets the random initialisation in a short run too;
+    it reaches a decay of 0.999 after ~9,000 updates."""
+    if not config.ema_warmup:
+        return config.ema
+    progress = (1.0 + update) / (EMA_WARMUP_OFFSET + update)
+    return min(config.ema, progress) if isinstance(update, int) else _math(progress).minimum(config.ema, progress)
+
+
 def check_schedule(config) -> None:
     if config.lr_schedule == "warmup_cosine" and config.schedule_steps <= config.warmup_steps:
         raise ValueError(f"lr_schedule warmup_cosine needs schedule_steps (total train steps, got "

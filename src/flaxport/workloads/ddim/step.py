@@ -5,9 +5,9 @@ per-channel mean/std (keras's adapted Normalization layer); times t ~ U(0, 1) an
 ~ N(0, 1) per example; noisy = signal_rate(t) * images + noise_rate(t) * noise; the UNet
 (train mode, BatchNorm on batch statistics) predicts the noise from (noisy, noise_rate^2).
 Gradients come from the noise MAE alone (`loss`); the image MAE is reported only, as in
-keras. AdamW, then an EMA (0.999) of the weights *and* the BN statistics (keras averages
-all `network.weights`). The seed's JAX port trained on noise + image loss and averaged
-params only; see config.py.
+keras. AdamW, then an EMA of the weights *and* the BN statistics (keras averages all
+`network.weights`), its decay 0.999 warmed up for short runs (schedule.ema_decay). The
+seed's JAX port trained on noise + image loss and averaged params only; see config.py.
 
 generate: deterministic DDIM (eta = 0) from given noise, with the EMA weights and the EMA
 BN statistics in eval mode, denormalised and clipped to [0, 1].
@@ -25,7 +25,7 @@ from jax import lax
 
 from flaxport.harness.train_state import TrainState
 from flaxport.workloads.ddim import model
-from flaxport.workloads.ddim.schedule import check_schedule, diffusion_schedule, sampling_times
+from flaxport.workloads.ddim.schedule import check_schedule, diffusion_schedule, ema_decay, sampling_times
 
 NORM_EPS = 1e-7  # keras Normalization divides by max(sqrt(variance), epsilon())
 # XLA compile options for code that runs once (init): compile time over run time.
@@ -122,7 +122,7 @@ def loss_and_stats(config, state: DDIMState, params, images, noises, diffusion_t
     return noise_loss, (image_loss, stats)
 
 
-def ema_update(decay: float, ema_tree, tree):
+def ema_update(decay, ema_tree, tree):
     """decay * ema + (1 - decay) * new, leaf by leaf (keras's ema_weight.assign)."""
     return jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema_tree, tree)
 
@@ -132,9 +132,10 @@ def train_step_on(config, state: DDIMState, images, noises, diffusion_times, ret
     [+ the gradients, for parity tests]. AdamW, then the EMA of the new weights and stats."""
     (loss, (image_loss, stats)), grads = jax.value_and_grad(
         lambda p: loss_and_stats(config, state, p, images, noises, diffusion_times), has_aux=True)(state.params)
+    decay = ema_decay(config, state.step)  # this update's index, counted from 0
     state = state.apply_gradients(grads=grads).replace(batch_stats=stats)
-    state = state.replace(ema_params=ema_update(config.ema, state.ema_params, state.params),
-                          ema_batch_stats=ema_update(config.ema, state.ema_batch_stats, stats))
+    state = state.replace(ema_params=ema_update(decay, state.ema_params, state.params),
+                          ema_batch_stats=ema_update(decay, state.ema_batch_stats, stats))
     metrics = {"loss": loss, "image_loss": image_loss}
     return (state, metrics, grads) if return_grads else (state, metrics)
 
@@ -167,9 +168,11 @@ def denoise(apply_fn, variables, noisy_images, noise_rates, signal_rates):
     return pred_noises, pred_images
 
 
-@partial(jax.jit, static_argnums=(0, 3))
-def reverse_diffusion(config, variables, initial_noise, diffusion_steps: int):
-    """keras's DDIM sampler: initial noise (N, H, W, C) -> normalised images (N, H, W, C).
+@partial(jax.jit, static_argnums=(0, 3, 4))
+def reverse_diffusion(config, variables, initial_noise, diffusion_steps: int, keep_path: bool = False):
+    """keras's DDIM sampler: initial noise (N, H, W, C) -> normalised images (N, H, W, C),
+    or with keep_path (steps + 1, N, H, W, C): the noisy images each step starts from (the
+    initial noise first), then the final images.
 
     At each of the static `diffusion_steps` steps the network separates the current noisy
     images at t into noise and image, which are remixed at the next t. The first step
@@ -181,22 +184,25 @@ def reverse_diffusion(config, variables, initial_noise, diffusion_steps: int):
     schedule = partial(diffusion_schedule, min_signal_rate=config.min_signal_rate,
                        max_signal_rate=config.max_signal_rate)
 
-    def body(k, carry):
+    def body(carry, k):
         noisy, _ = carry
         noise_rates, signal_rates = schedule(times[k])
         pred_noises, pred_images = denoise(apply_fn, variables, noisy, noise_rates, signal_rates)
         next_noise_rates, next_signal_rates = schedule(next_times[k])
-        return next_signal_rates * pred_images + next_noise_rates * pred_noises, pred_images
+        remixed = next_signal_rates * pred_images + next_noise_rates * pred_noises
+        return (remixed, pred_images), (noisy if keep_path else None)
 
-    _, pred_images = lax.fori_loop(0, diffusion_steps, body, (initial_noise, jnp.zeros_like(initial_noise)))
-    return pred_images
+    (_, pred_images), path = lax.scan(body, (initial_noise, jnp.zeros_like(initial_noise)),
+                                      jnp.arange(diffusion_steps))
+    return jnp.concatenate([path, pred_images[None]]) if keep_path else pred_images
 
 
-def generate(config, variables, initial_noise, diffusion_steps: int):
-    """Samples in [0, 1], (N, H, W, C), from initial noise (N, H, W, C) ~ N(0, 1).
+def generate(config, variables, initial_noise, diffusion_steps: int, keep_path: bool = False):
+    """Samples in [0, 1], (N, H, W, C), from initial noise (N, H, W, C) ~ N(0, 1); with
+    keep_path the reverse process (steps + 1, N, H, W, C) in [0, 1], its last entry the samples.
 
     variables: the EMA network's {'params', 'batch_stats'} (DDIMState.ema_variables())."""
-    return denormalize(config, reverse_diffusion(config, variables, initial_noise, diffusion_steps))
+    return denormalize(config, reverse_diffusion(config, variables, initial_noise, diffusion_steps, keep_path))
 
 
 @partial(jax.jit, static_argnums=0)
@@ -212,14 +218,15 @@ def val_losses(config, variables, images_u8, noises, diffusion_times):
 _SAMPLERS: dict = {}
 
 
-def compiled_sampler(config, variables, diffusion_steps: int, n: int):
-    """generate, compiled ahead of time for n images: f(variables, noise (n, H, W, C)) -> images.
+def compiled_sampler(config, variables, diffusion_steps: int, n: int, keep_path: bool = False):
+    """generate, compiled ahead of time for n images: f(variables, noise (n, H, W, C)) -> images
+    (with keep_path: the reverse process, see generate).
 
     Kept per (config, steps, n) for the process, so an evaluation can time sampling apart
     from its compile, and later epochs reuse the executable. When the variables sit
     replicated on a mesh of several devices (a `--devices N` run), the noise is split along
     the batch over that mesh, so every device samples its share."""
-    key = (config, diffusion_steps, n)
+    key = (config, diffusion_steps, n, keep_path)
     if key not in _SAMPLERS:
         side = config.image_size
         mesh = getattr(getattr(jax.tree.leaves(variables)[0], "sharding", None), "mesh", None)
@@ -227,7 +234,8 @@ def compiled_sampler(config, variables, diffusion_steps: int, n: int):
         if mesh is not None and mesh.size > 1 and n % mesh.size == 0:
             sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names))
         spec = jax.ShapeDtypeStruct((n, side, side, config.channels), jnp.float32, sharding=sharding)
-        compiled = jax.jit(generate, static_argnums=(0, 3)).lower(config, variables, spec, diffusion_steps).compile()
+        compiled = jax.jit(generate, static_argnums=(0, 3, 4)).lower(config, variables, spec, diffusion_steps,
+                                                                     keep_path).compile()
         place = (lambda x: x) if sharding is None else (lambda x: jax.device_put(x, sharding))  # noqa: E731
         _SAMPLERS[key] = lambda v, noise: compiled(v, place(noise))
     return _SAMPLERS[key]

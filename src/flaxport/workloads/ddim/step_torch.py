@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from flaxport.workloads.ddim import model_torch
-from flaxport.workloads.ddim.schedule import check_schedule, diffusion_schedule, learning_rate, sampling_times
+from flaxport.workloads.ddim.schedule import (check_schedule, diffusion_schedule, ema_decay, learning_rate,
+                                             sampling_times)
 
 NORM_EPS = 1e-7  # keras Normalization: divide by max(std, epsilon())
 
@@ -97,8 +98,9 @@ def losses(config, net: nn.Module, images, noises, diffusion_times):
 @torch.no_grad()
 def ema_update(ts: TorchDDIM) -> None:
     """ema = decay * ema + (1 - decay) * new for every parameter and BN statistic (keras
-    averages all network weights, moving mean/variance included); counters are copied."""
-    d = ts.config.ema
+    averages all network weights, moving mean/variance included), the decay warmed up as
+    schedule.ema_decay says; counters are copied. Call after the step's update count."""
+    d = ema_decay(ts.config, ts.steps_done - 1)  # the update just made, counted from 0
     for e, p in zip(ts.ema_model.parameters(), ts.model.parameters()):
         e.copy_(d * e + (1.0 - d) * p)
     for (name, e), b in zip(ts.ema_model.named_buffers(), ts.model.buffers()):
@@ -141,8 +143,10 @@ def compile_models(ts: TorchDDIM) -> None:
 
 
 @torch.no_grad()
-def reverse_diffusion(config, net: nn.Module, initial_noise, diffusion_steps: int):
-    """keras's DDIM sampler: initial noise (N, C, H, W) -> normalised images (N, C, H, W).
+def reverse_diffusion(config, net: nn.Module, initial_noise, diffusion_steps: int, keep_path: bool = False):
+    """keras's DDIM sampler: initial noise (N, C, H, W) -> normalised images (N, C, H, W),
+    or with keep_path (steps + 1, N, C, H, W): the noisy images each step starts from (the
+    initial noise first), then the final images.
 
     `net` must be in eval mode (running BN statistics): pass TorchDDIM.ema_model."""
     assert not net.training, "sample with the network in eval mode"
@@ -150,19 +154,24 @@ def reverse_diffusion(config, net: nn.Module, initial_noise, diffusion_steps: in
     n, dtype = len(initial_noise), initial_noise.dtype
     schedule = lambda t: diffusion_schedule(torch.full((n, 1, 1, 1), float(t), dtype=dtype),  # noqa: E731
                                             config.min_signal_rate, config.max_signal_rate)
-    noisy, pred_images = initial_noise, None
+    noisy, pred_images, path = initial_noise, None, []
     for t, t_next in zip(times, next_times):
+        path.append(noisy)
         noise_rates, signal_rates = schedule(t)
         pred_noises = net(noisy, noise_rates ** 2)
         pred_images = (noisy - noise_rates * pred_noises) / signal_rates
         next_noise_rates, next_signal_rates = schedule(t_next)
         noisy = next_signal_rates * pred_images + next_noise_rates * pred_noises
-    return pred_images
+    return torch.stack(path + [pred_images]) if keep_path else pred_images
 
 
-def generate(config, ts: TorchDDIM, initial_noise, diffusion_steps: int):
-    """Samples (N, C, H, W) in [0, 1] from noise (N, C, H, W), with the EMA network."""
-    return denormalize(config, reverse_diffusion(config, ts.ema_model, initial_noise, diffusion_steps))
+def generate(config, ts: TorchDDIM, initial_noise, diffusion_steps: int, keep_path: bool = False,
+             net: nn.Module | None = None):
+    """Samples (N, C, H, W) in [0, 1] from noise (N, C, H, W), with the EMA network (or
+    `net`, in eval mode); with keep_path the reverse process (steps + 1, N, C, H, W) in
+    [0, 1], its last entry the samples."""
+    net = ts.ema_model if net is None else net
+    return denormalize(config, reverse_diffusion(config, net, initial_noise, diffusion_steps, keep_path))
 
 
 def _nchw(x_nhwc) -> torch.Tensor:
@@ -183,20 +192,30 @@ def val_losses(config, net: nn.Module, images_u8, noises, diffusion_times):
 
 
 def evaluate(config, ts: TorchDDIM, data, seed: int):
-    """(quality, artifacts) as the Flax evaluate: KID, validation losses, timed pictures,
-    from the same fixed NumPy draws (quality.py), with the EMA network. `seed` is unused."""
+    """(quality, artifacts) as the Flax evaluate: KID and the digit scores, validation
+    losses, timed pictures and their reverse process, from the same fixed NumPy draws
+    (quality.py), with the EMA network (or the trained one: config.sample_weights). `seed`
+    is unused."""
     from flaxport.workloads.ddim import quality
 
     del seed
-    chunk = config.batch_size
+    ema = config.sample_weights == "ema"
+    net, was_training = (ts.ema_model if ema else ts.model), ts.model.training
+    net.eval()  # the trained network samples with its running statistics too
+    try:
+        chunk = config.batch_size
 
-    def sampler(steps):
-        return lambda x: generate(config, ts, _nchw(x), steps).permute(0, 2, 3, 1).numpy()
+        def sampler(steps, keep_path=False):  # (n, H, W, C), or the path (steps + 1, n, H, W, C)
+            return lambda x: generate(config, ts, _nchw(x), steps, keep_path, net).movedim(-3, -1).numpy()
 
-    samples, = quality.in_chunks(sampler(config.kid_diffusion_steps), [quality.kid_noise(config)], chunk)
-    test = data.test["image"]
-    noise, times = quality.val_draws(config, len(test))
-    val, val_image = quality.in_chunks(lambda *a: val_losses(config, ts.ema_model, *a), [test, noise, times], chunk)
-    (pictures,), seconds = quality.timed(quality.in_chunks, sampler(config.plot_diffusion_steps),
-                                         [quality.picture_noise(config)], chunk)
-    return quality.summarize(quality.kid_score(samples, test), val, val_image, seconds, pictures)
+        samples, = quality.in_chunks(sampler(config.kid_diffusion_steps), [quality.kid_noise(config)], chunk)
+        test = data.test["image"]
+        noise, times = quality.val_draws(config, len(test))
+        val, val_image = quality.in_chunks(lambda *a: val_losses(config, net, *a), [test, noise, times], chunk)
+        draw = quality.path_sampler(sampler(config.plot_diffusion_steps, keep_path=True))
+        (pictures, path), seconds = quality.timed(quality.in_chunks, draw, [quality.picture_noise(config)], chunk)
+    finally:
+        ts.model.train(was_training)
+    about = {"framework": "torch", "steps": config.plot_diffusion_steps, "weights": "EMA" if ema else "online"}
+    scores = quality.sample_scores(config, samples, data)
+    return quality.summarize(scores, val, val_image, seconds, pictures, path, about)
