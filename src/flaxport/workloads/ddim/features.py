@@ -20,8 +20,9 @@ import numpy as np
 from flaxport.metrics.kid import FeatureExtractor, flax_features
 from flaxport.workloads.ddim import junk
 
-CLASSIFIER_EPOCHS = 5
+CLASSIFIER_EPOCHS = 2
 CLASSIFIER_SIDE = 32  # the cnn's input size; other sizes are resized to it
+SIDES = (32, 16, 8)  # the digits at the sizes the ddim variants draw them, for training
 
 
 JUNK_SHARE = 0.25  # non-digits added to each split, as a share of its digits
@@ -40,20 +41,37 @@ def _cache_file(cache_dir: Path, config) -> Path:
     import dataclasses
 
     recipe = json.dumps({**dataclasses.asdict(config), "epochs": CLASSIFIER_EPOCHS, "seed": 0,
-                         "junk": [junk.RECIPE, JUNK_SHARE]}, sort_keys=True)
+                         "junk": [junk.RECIPE, JUNK_SHARE], "sides": SIDES}, sort_keys=True)
     return cache_dir / "features" / f"cnn-digits-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}.npz"
 
 
 def training_data(config):
-    """The digits (32x32x3) with junk.images added to each split under label NOT_A_DIGIT."""
+    """The digits at every side in SIDES, each resized to 32x32 as the classifier's input
+    is (_preprocess), with junk.images (drawn at the same side) added to each split under
+    label NOT_A_DIGIT. A 16x16 digit enlarged to 32 is blurrier than the 32x32 digit made
+    from the same 8x8 scan: trained on 32x32 alone, the classifier was sure of 95% of the
+    held-out digits at 32 and 8, and of 83% at 16."""
+    import jax
+
+    from flaxport.data import digits
     from flaxport.workloads import registry
 
-    data = registry.get("cnn").load_data(config)
-    for seed, split in enumerate((data.train, data.test)):
-        n = int(round(JUNK_SHARE * len(split["label"])))
-        extra = junk.images(n, split["image"], split["label"], seed)
-        split["image"] = np.concatenate([split["image"], extra])
-        split["label"] = np.concatenate([split["label"], np.full(n, junk.NOT_A_DIGIT, split["label"].dtype)])
+    data = registry.get("cnn").load_data(config)  # the 32x32 digits: its meta, and the first side
+    enlarge = jax.jit(_preprocess)
+    parts = {"train": [], "test": []}
+    for k, side in enumerate(SIDES):
+        source = data if side == CLASSIFIER_SIDE else digits.load(size=side, channels=3)
+        for j, name in enumerate(parts):
+            split = getattr(source, name)
+            n = int(round(JUNK_SHARE * len(split["label"])))
+            images = np.concatenate([split["image"], junk.images(n, split["image"], split["label"], 2 * k + j)])
+            if side != CLASSIFIER_SIDE:
+                images = np.rint(np.asarray(enlarge(images / np.float32(255))) * 255).astype(np.uint8)
+            labels = np.concatenate([split["label"], np.full(n, junk.NOT_A_DIGIT, split["label"].dtype)])
+            parts[name].append((images, labels))
+    for name, pieces in parts.items():
+        setattr(data, name, {"image": np.concatenate([p[0] for p in pieces]),
+                             "label": np.concatenate([p[1] for p in pieces])})
     data.meta = {**data.meta, "classes": [*data.meta["classes"], "not a digit"]}
     return data
 
