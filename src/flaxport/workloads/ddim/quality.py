@@ -127,10 +127,8 @@ def kid_score(samples: np.ndarray, real_u8: np.ndarray) -> float:
     return float(kid(both[:len(samples)], both[len(samples):])[0])
 
 
-_FLOORS: dict = {}
-
-
 FLOOR_DRAWS = 100
+_FLOORS: dict = {}  # (train digest, test digest, n_images) -> kid_floor
 
 
 def kid_floor(train_u8: np.ndarray, test_u8: np.ndarray, n_images: int) -> float:
@@ -164,7 +162,6 @@ def digit_scores(samples: np.ndarray, cache_dir=None) -> dict:
     """{'digit_confident_share', 'digit_classes_covered'} of samples float (N, H, W, C) in [0, 1],
     from the KID classifier's probabilities (see the module docstring)."""
     from flaxport.data.download import default_data_dir
-
     from flaxport.workloads.ddim.junk import NOT_A_DIGIT
 
     probabilities = _probabilities(str(cache_dir or default_data_dir()))(samples)
