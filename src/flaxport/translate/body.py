@@ -1,0 +1,654 @@
+"""One module call's `__call__` body: statements in source order, named as the user named them.
+
+The nodes of a frame (and of the parameter-free torch modules it calls, such as ReLU,
+which are inlined) become statements. A value used once, by the next part of the same
+source statement, is inlined (`out = jax.nn.relu(self.bn1(self.conv1(x)))`); any other
+value gets a name: the assignment target of its source statement where there is one,
+else a short name after its op. Sizes are read from a named array's `.shape`.
+
+Numbers that may differ between two instances of one class (channels, strides, eps) are
+emitted as slots (`\\x00N\\x00`), so the class planner can tell which instances share a
+class and which numbers become constructor arguments.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from flaxport.translate import capture as cap
+from flaxport.translate import ops as oplib
+from flaxport.translate import source as src
+from flaxport.translate.ops import ATOM, COMPARE, Expr, Outputs, Unsupported
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+JNP_DTYPES = {"float32": "jnp.float32", "float64": "jnp.float64", "float16": "jnp.float16",
+              "bfloat16": "jnp.bfloat16", "int64": "int", "int32": "jnp.int32", "int16": "jnp.int16",
+              "int8": "jnp.int8", "uint8": "jnp.uint8", "bool": "bool", "complex64": "jnp.complex64"}
+SHORT_NAMES = {"scaled_dot_product_attention": "attn", "layer_norm": "normed", "group_norm": "normed",
+               "batch_norm": "normed", "linear": "h", "conv2d": "h", "conv1d": "h", "conv3d": "h",
+               "getitem": "item", "embedding": "embedded", "softmax": "probs", "log_softmax": "log_probs",
+               "unsqueeze": "expanded", "expand": "expanded", "view": "h", "reshape": "h", "transpose": "h",
+               "permute": "h", "cat": "joined", "add": "h", "mul": "h", "sub": "h", "div": "h"}
+
+
+@dataclasses.dataclass
+class Body:
+    """A rendered __call__: parameter names, statement lines (with slots), and what it needs."""
+
+    params: list  # __call__ parameter names
+    lines: list  # statement texts (one per line, no indentation), slot markers inside
+    slots: list  # [(value, hint)] for the slot markers \x00i\x00
+    helpers: set  # runtime functions used
+    synth: dict  # attribute name -> constructor template (dropout modules, rng streams)
+    needs_training: bool
+    outputs: list  # fx nodes returned, in order
+    imports: set  # 'math', 'np', ...
+
+    def template(self) -> str:
+        return "\n".join(self.lines)
+
+
+class Unit:
+    """A step of the body: an op node, a child call, or a buffer update."""
+
+    def __init__(self, kind, index, node=None, frame=None, outputs=(), key=None, stmt=None):
+        self.kind, self.index, self.node, self.frame = kind, index, node, frame
+        self.outputs = list(outputs)  # values it produces
+        self.key, self.stmt = key, stmt
+        self.target = None  # buffer update: the buffer's torch name
+
+
+class BodyRenderer:
+    """Renders one frame of one capture. `plan` answers questions about other frames
+    (kinds, attribute paths, inputs and outputs, twin nodes in the other captures)."""
+
+    def __init__(self, plan, capture, frame, class_path: str):
+        self.plan, self.capture, self.frame = plan, capture, frame
+        self.path = class_path  # the module path this class renders (== frame.path)
+        self.cls_file = src.class_file(type(frame.module))
+        self.slots: list = []
+        self.helpers: set = set()
+        self.imports: set = set()
+        self.synth: dict = {}
+        self.needs_training = False
+        self.names: dict = {}  # fx node -> variable name
+        self.exprs: dict = {}  # fx node -> Expr for values rendered inline or precomputed
+        self.multi: dict = {}  # multi-output node -> Outputs
+        self.lines: list = []
+
+    # ------------------------------------------------------------------ structure
+    def _units(self):
+        units = []
+        inside_call = {}
+
+        def visit(frame):
+            for item in frame.items:
+                if isinstance(item, cap.Frame):
+                    if self.plan.kind(item) == "inline":
+                        visit(item)
+                    else:
+                        u = Unit("call", len(units), frame=item, outputs=self.plan.io(item)[1])
+                        u.stmt = self._stmt_of_frame(item)
+                        u.key = u.stmt.key if u.stmt else None
+                        units.append(u)
+                        for n in item.all_nodes():
+                            inside_call[n] = u
+                else:
+                    if cap.is_sym(item):
+                        continue
+                    u = Unit("op", len(units), node=item, outputs=[item])
+                    u.stmt = src.statement(item, self.cls_file)
+                    u.key = u.stmt.key if u.stmt else None
+                    units.append(u)
+                    for target, value in self.capture.buffer_updates.items():
+                        if value is item and self.plan.owns_update(self.frame, target):
+                            up = Unit("update", len(units), node=item, key=u.key, stmt=u.stmt)
+                            up.target = target
+                            units.append(up)
+
+        visit(self.frame)
+        return units, inside_call
+
+    def _stmt_of_frame(self, frame):
+        nodes = list(frame.all_nodes())
+        for n in nodes:
+            s = src.statement(n, self.cls_file)
+            if s is not None:
+                return s
+        return None
+
+    # ------------------------------------------------------------------ rendering
+    def render(self) -> Body:
+        inputs, outputs = self.plan.io(self.frame)
+        self.inputs = inputs
+        self.units, inside_call = self._units()
+        producer = {}
+        for u in self.units:
+            for v in u.outputs:
+                producer[v] = u
+        self.producer = producer
+        # consumers of each produced value: units of this body, or "return"
+        out_set = set(outputs)
+        consumers: dict = {v: [] for v in producer}
+        for u in self.units:
+            used = self._used_by(u)
+            for v in used:
+                if v in consumers and u not in consumers[v]:
+                    consumers[v].append(u)
+        for v in outputs:
+            if v in consumers:
+                consumers[v].append("return")
+        self.consumers = consumers
+        self.inline = {v for v in producer if self._inlinable(v, out_set)}
+        # names of the inputs
+        params = self.plan.param_names(self.frame)
+        for v, name in zip(inputs, params):
+            if isinstance(v, cap.Frame):
+                continue
+            self.names[v] = name
+        self.live = {name: math.inf for name in params}
+        self.positions = self._positions()
+        self._assign_names(out_set)
+        for u in self.units:
+            self._emit(u)
+        self.lines.append(self._return(outputs))
+        return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
+                    list(outputs), self.imports)
+
+    def _used_by(self, u) -> list:
+        if u.kind == "call":
+            return [v for v in self.plan.io(u.frame)[0] if not isinstance(v, str)]
+        if u.kind == "update":
+            return [u.node]
+        return list(u.node.all_input_nodes)
+
+    def _inlinable(self, v, out_set) -> bool:
+        u = self.producer[v]
+        if u.kind == "update" or u.key is None:
+            return False
+        if u.kind == "call" and len(u.outputs) != 1:
+            return False
+        if u.kind == "op" and isinstance(v.meta.get("val"), (list, tuple)):
+            return self._multi_inlinable(v)
+        users = self.consumers[v]
+        if len(users) != 1:
+            return False
+        user = users[0]
+        if user == "return":
+            return bool(u.stmt and u.stmt.is_return) and v in out_set and len(self.plan.io(self.frame)[1]) == 1
+        if user.key != u.key or user.kind == "update" and False:
+            return False
+        if user.kind == "op" and isinstance(user.node.meta.get("val"), (list, tuple)) and \
+                len([g for g in user.node.users if g.users]) > 1:
+            return False  # its outputs are separate expressions: do not repeat v in each
+        return True
+
+    def _multi_inlinable(self, v) -> bool:
+        used = [g for g in v.users if (g.users or self._is_output(g))]
+        return len(used) <= 1
+
+    def _is_output(self, g):
+        return g in set(self.plan.io(self.frame)[1])
+
+    def _positions(self) -> dict:
+        """Emission position of each unit: an inlined unit is emitted with its consumer."""
+        pos = {}
+        for u in reversed(self.units):
+            vals = [v for v in u.outputs if v in self.inline]
+            if vals:
+                user = self.consumers[vals[0]][0]
+                pos[u] = math.inf if user == "return" else pos.get(user, user.index)
+            else:
+                pos[u] = u.index
+        return pos
+
+    def _last_use(self, v) -> float:
+        last = -1
+        for user in self.consumers.get(v, []):
+            last = math.inf if user == "return" else max(last, self.positions[user])
+        return last
+
+    def _assign_names(self, out_set):
+        groups: dict = {}
+        for u in self.units:
+            if u.kind == "update":
+                continue
+            named = [v for v in u.outputs if v not in self.inline and self._needs_name(v)]
+            if named:
+                groups.setdefault(u.key if u.key is not None else ("unit", u.index), []).append((u, named))
+        for key, members in groups.items():
+            values = [v for _, vs in members for v in vs]
+            stmt = members[0][0].stmt
+            targets = list(stmt.targets) if stmt and stmt.targets else []
+            wanted = {}
+            if targets and len(targets) == len(values):
+                wanted = dict(zip(values, targets))
+            elif targets and len(targets) == 1:
+                wanted = {values[-1]: targets[0]}
+            for u, vs in members:
+                for v in vs:
+                    base = wanted.get(v) or self._fallback_name(u, v)
+                    self._claim(v, base, self.positions[u])
+
+    def _needs_name(self, v) -> bool:
+        if isinstance(v.meta.get("val"), (list, tuple)):
+            return False  # a multi-output node: its getitems are named
+        return True
+
+    def _claim(self, v, base: str, pos):
+        base = _safe_name(base)
+        name, k = base, 1
+        while name in self.live and self.live[name] > pos or name in RESERVED:
+            k += 1
+            name = f"{base}{k}"
+        self.names[v] = name
+        self.live[name] = self._last_use(v)
+
+    def _fallback_name(self, u, v) -> str:
+        if u.kind == "call":
+            attr = u.frame.path.rsplit(".", 1)[-1]
+            return attr if not attr.isdigit() else "h"
+        name = cap._target_name(v)
+        if name == "<built-in function getitem>" or name == "getitem":
+            src_node = v.args[0]
+            base = cap._target_name(src_node).split(".")[1] if "." in cap._target_name(src_node) else "item"
+            return SHORT_NAMES.get(base, base) if base not in ("split", "chunk", "unbind") else "part"
+        base = name.split(".")[1] if name.startswith("aten.") else v.name
+        base = base.rstrip("_")
+        return SHORT_NAMES.get(base, base)
+
+    # ------------------------------------------------------------------ statements
+    def _emit(self, u):
+        if u.kind == "update":
+            value = self.value(u.node)
+            self.lines.append(f"{self.plan.attr_of_placeholder(self.path, u.target)}[...] = {value.text}")
+            return
+        if all(v in self.inline for v in u.outputs) and u.outputs:
+            return
+        if u.kind == "call":
+            expr = self._call_expr(u)
+            names = [self.names[v] for v in u.outputs]
+            if not names:
+                self.lines.append(expr.text)
+            elif len(names) == 1:
+                self.lines.append(f"{names[0]} = {expr.text}")
+            else:
+                self.lines.append(f"{', '.join(names)} = {expr.text}")
+            return
+        node = u.node
+        val = node.meta.get("val")
+        if isinstance(val, (list, tuple)):
+            result = self._op_expr(node)
+            if isinstance(result, Outputs):
+                self.multi[node] = result
+                return
+            used = [g for g in node.users if g.users or self._is_output(g)]
+            if node in self.inline or (len(used) == 1 and used[0] in self.inline):
+                self.exprs[node] = result
+                return
+            targets = ["_"] * len(val)
+            for g in node.users:
+                if isinstance(g.args[1], int) and g in self.names:
+                    targets[g.args[1]] = self.names[g]
+            self.lines.append(f"{', '.join(targets)} = {result.text}")
+            for g in node.users:
+                if g in self.names:
+                    self.exprs[g] = Expr(self.names[g])
+            return
+        if node in self.exprs:  # a getitem already bound by a tuple statement
+            return
+        expr = self._op_expr(node)
+        self.lines.append(f"{self.names[node]} = {expr.text}")
+
+    def value(self, v) -> Expr:
+        """The expression for value v where it is used."""
+        if v in self.names and (v not in self.producer or self.producer[v].index <= self._cursor_index(v)):
+            return Expr(self.names[v])
+        if v in self.exprs:
+            return self.exprs[v]
+        ph = self.capture.placeholders.get(v)
+        if ph is not None:
+            return self._placeholder(v, ph)
+        if cap.is_sym(v):
+            return self.sym(v)
+        u = self.producer.get(v)
+        if u is None:
+            raise RuntimeError(f"value {v.name} is not available in {self.frame.name or 'the top module'}")
+        if u.kind == "call":
+            return self._call_expr(u)
+        if cap._target_name(v) in ("<built-in function getitem>", "getitem"):
+            parent = v.args[0]
+            if parent in self.multi:
+                part = self.multi[parent][v.args[1]]
+                if part is None:
+                    raise Unsupported("an output of this op")
+                return part
+            if parent in self.exprs:
+                return Expr(f"{self.exprs[parent].at(ATOM)}[{v.args[1]}]")
+        return self._op_expr(v)
+
+    def _cursor_index(self, v):
+        return math.inf
+
+    def _placeholder(self, v, ph) -> Expr:
+        if ph.kind == "input":
+            return Expr(self.names.get(v, f"input{ph.index}"))
+        return Expr(f"{self.plan.attr_of_placeholder(self.path, self.plan.placeholder_name(self.capture, v))}[...]")
+
+    def _call_expr(self, u) -> Expr:
+        inputs, _ = self.plan.io(u.frame)
+        args = []
+        for v in inputs:
+            args.append(self.sym_expr(v).text if isinstance(v, str) else self.value(v).text)
+        attr = self.plan.attr_expr(self.path, u.frame.path)
+        return Expr(f"{attr}({', '.join(args)})")
+
+    def _op_expr(self, node) -> Expr:
+        handler = oplib.lookup(node)
+        if handler is None:
+            self.plan.unsupported(node, self.frame, None)
+            return Expr(f"unsupported_{_safe_name(cap._target_name(node))}()")
+        ctx = OpContext(self, node)
+        try:
+            out = handler(ctx, node)
+        except Unsupported as e:
+            self.plan.unsupported(node, self.frame, str(e))
+            return Expr(f"unsupported_{_safe_name(cap._target_name(node))}()")
+        return out
+
+    def _return(self, outputs) -> str:
+        if self.frame.parent is None and self.plan.root_structure is not None:
+            return "return " + self.plan.root_structure(self.capture, lambda v: self.value(v).text)
+        if not outputs:
+            return "return None"
+        texts = [self.value(v).text for v in outputs]
+        return "return " + ", ".join(texts)
+
+    # ------------------------------------------------------------------ sizes
+    def sym(self, node) -> Expr:
+        return self.sym_expr(node.meta["val"])
+
+    def sym_expr(self, value) -> Expr:
+        """A SymInt (or sympy expression, or a symbol name) rendered from the shapes in scope."""
+        import sympy
+
+        if isinstance(value, str):
+            expr = sympy.Symbol(value)
+        elif hasattr(value, "node"):
+            expr = value.node.expr
+        else:
+            expr = value
+        if isinstance(expr, (int, sympy.Integer)):
+            return Expr(str(int(expr)))
+        return _print(expr, self._resolve_symbol)
+
+    def _resolve_symbol(self, symbol) -> str:
+        name = str(symbol)
+        candidates = [v for v in self.inputs if not isinstance(v, str)]
+        candidates += [v for v, n in self.names.items() if v not in candidates]
+        for v in candidates:
+            if v not in self.names:
+                continue
+            val = v.meta.get("val") if hasattr(v, "meta") else None
+            shape = getattr(val, "shape", None)
+            if shape is None:
+                continue
+            for d, s in enumerate(shape):
+                if hasattr(s, "node") and str(s.node.expr) == name:
+                    return f"{self.names[v]}.shape[{d}]"
+        for v in self.inputs:
+            if isinstance(v, str) and v == name:
+                return self.names_of_symbols.get(name, name)
+        return self.plan.need_symbol(self.frame, name)
+
+    names_of_symbols: dict = {}
+
+    # ------------------------------------------------------------------ literals
+    def slot(self, value, hint) -> Expr:
+        if isinstance(value, bool):
+            return Expr(repr(value))
+        self.slots.append((value, hint))
+        text = f"\x00{len(self.slots) - 1}\x00"
+        negative = isinstance(value, (int, float)) and (value < 0 or (isinstance(value, float) and
+                                                                       math.copysign(1, value) < 0))
+        return Expr(text, oplib.UNARY if negative else ATOM)
+
+
+class OpContext:
+    """What an op handler sees (see flaxport.translate.ops)."""
+
+    def __init__(self, body: BodyRenderer, node):
+        self.body, self.node = body, node
+        self.out = node.meta.get("val")
+        self.mode = body.capture.mode
+        self.args = _normalize(node)
+
+    # arguments
+    def has(self, name) -> bool:
+        return self.args.get(name) is not None
+
+    def raw(self, name):
+        v = self.args.get(name)
+        return v
+
+    def raw_index(self, i):
+        return self.node.args[i]
+
+    def val(self, name):
+        v = self.args.get(name)
+        return v.meta.get("val") if hasattr(v, "meta") else v
+
+    def is_float(self, name) -> bool:
+        v = self.val(name)
+        if hasattr(v, "dtype"):
+            return str(v.dtype).split(".")[-1] in FLOAT_DTYPES
+        return isinstance(v, float)
+
+    def x(self, name) -> Expr:
+        return self._render(self.args.get(name), name)
+
+    def x_index(self, i) -> Expr:
+        return self._render(self.node.args[i], "arg")
+
+    def x_item(self, name, i) -> Expr:
+        return self._render(self.args[name][i], name)
+
+    def item_val(self, name, i):
+        v = self.args[name][i]
+        return v.meta.get("val") if hasattr(v, "meta") else v
+
+    def _render(self, v, hint) -> Expr:
+        import torch
+
+        if v is None:
+            return Expr("None")
+        if hasattr(v, "op"):  # an fx node
+            return self.body.value(v)
+        if isinstance(v, bool):
+            return Expr(repr(v))
+        if isinstance(v, (int, float)):
+            return self.lit(v, hint)
+        if isinstance(v, torch.dtype):
+            return Expr(self.dtype(v))
+        if isinstance(v, (list, tuple)):
+            parts = [self._render(e, hint).text for e in v]
+            return Expr("(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")")
+        if isinstance(v, str):
+            return Expr(repr(v))
+        if isinstance(v, (torch.device, torch.layout, torch.memory_format)):
+            return Expr("None")
+        raise Unsupported(f"an argument of type {type(v).__name__}")
+
+    def lit(self, value, hint=None) -> Expr:
+        if isinstance(value, float) and not math.isfinite(value):
+            return Expr("jnp.inf" if value > 0 else ("-jnp.inf" if value < 0 else "jnp.nan"),
+                        ATOM if value > 0 or value != value else oplib.UNARY)
+        return self.body.slot(value, hint)
+
+    def ints(self, values, hint) -> Expr:
+        parts = [self.lit(v, hint).text for v in values]
+        return Expr("(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")")
+
+    def dim(self, name, ndim=None) -> int:
+        """A dim argument: as torch wrote it (negative dims stay negative, as jnp reads them the
+        same way), or normalised to 0..ndim-1 when ndim is given."""
+        d = self.args.get(name)
+        if isinstance(d, (list, tuple)):
+            d = d[0]
+        if ndim is None:
+            return d
+        return d % max(ndim, 1) if isinstance(d, int) else d
+
+    def static(self, s):
+        if isinstance(s, int):
+            return s
+        try:
+            return int(s.node.expr) if hasattr(s, "node") and s.node.expr.is_number else None
+        except (TypeError, AttributeError):
+            return None
+
+    def out_shape(self):
+        return list(self.out.shape)
+
+    def size(self, name_or_list, hint="size") -> Expr:
+        values = self.args.get(name_or_list) if isinstance(name_or_list, str) else name_or_list
+        parts = []
+        for v in values:
+            if hasattr(v, "op"):
+                parts.append(self.body.value(v).text)
+            elif isinstance(v, int):
+                parts.append(self.lit(v, hint).text if v != -1 else "-1")
+            else:  # a SymInt
+                parts.append(self.body.sym_expr(v).text)
+        return Expr("(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")")
+
+    def index_text(self, v) -> str:
+        if hasattr(v, "op"):
+            return self.body.value(v).text
+        if isinstance(v, int):
+            return str(v)
+        return self.body.sym_expr(v).text
+
+    def index_expr(self, x: Expr, ndim: int, parts: dict, keep_trailing=False) -> Expr:
+        last = max(parts)
+        if last == ndim - 1 and ndim >= 3 and all(d == last for d in parts):
+            return Expr(f"{x.at(ATOM)}[..., {parts[last]}]")
+        items = [parts.get(d, ":") for d in range(last + 1)]
+        return Expr(f"{x.at(ATOM)}[{', '.join(items)}]")
+
+    # the generated module
+    def helper(self, name) -> str:
+        self.body.helpers.add(name)
+        return name
+
+    def dtype(self, dtype, follow=None) -> str:
+        name = str(dtype).split(".")[-1]
+        if follow is not None and name in FLOAT_DTYPES:
+            ref = self.body.plan.dtype_reference(self.body, follow)
+            if ref is not None:
+                return ref
+        return JNP_DTYPES.get(name, f"jnp.{name}")
+
+    def training(self) -> str:
+        self.body.needs_training = True
+        return "self.training"
+
+    def twin_raw(self, name):
+        twin = self.body.plan.twin(self.body.capture, self.node)
+        if twin is None:
+            return None
+        return _normalize(twin).get(name)
+
+    def submodule(self, base: str, constructor: str) -> Expr:
+        attr = self.body.plan.synth_name(self.body.frame, self.node, base)
+        self.body.synth[attr] = constructor
+        return Expr(f"self.{attr}")
+
+    def dropout_rng(self) -> Expr:
+        attr = self.body.plan.synth_name(self.body.frame, self.node, "dropout_rngs")
+        self.body.synth[attr] = "rngs.dropout.fork()"
+        return Expr(f"self.{attr}()")
+
+
+def _normalize(node) -> dict:
+    """Schema argument name -> value (positional and keyword), defaults filled."""
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return {f"arg{i}": a for i, a in enumerate(node.args)}
+    out = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args) and not arg.kwarg_only:
+            out[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            out[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+        else:
+            out[arg.name] = None
+    return out
+
+
+RESERVED = {"self", "jnp", "jax", "nnx", "lax", "np", "math", "None", "True", "False", "lambda", "return", "def",
+            "class", "in", "is", "not", "and", "or", "if", "else", "for", "while", "import", "from", "as", "with",
+            "global", "pass", "yield", "del", "try", "except", "finally", "raise", "assert", "break", "continue",
+            "input", "type", "len", "max", "min", "sum", "abs", "int", "float", "bool", "list", "tuple", "dict",
+            "range", "print", "id", "hash", "iter", "next", "map", "filter", "zip", "round", "pow", "all", "any"}
+
+
+def _safe_name(name: str) -> str:
+    import re
+
+    name = re.sub(r"\W", "_", name).strip("_") or "h"
+    return name if not name[0].isdigit() else "h" + name
+
+
+def _print(expr, resolve) -> Expr:
+    """A sympy size expression as Python (floor division, products, sums of shape entries)."""
+    import sympy
+
+    def go(e):
+        if isinstance(e, sympy.Symbol):
+            return Expr(resolve(e))
+        if isinstance(e, sympy.Integer) or e.is_Integer:
+            v = int(e)
+            return Expr(str(v), ATOM if v >= 0 else oplib.UNARY)
+        if isinstance(e, sympy.Add):
+            terms = sorted(e.args, key=lambda t: (t.is_number, str(t)))
+            text = go(terms[0]).at(oplib.ADD)
+            for t in terms[1:]:
+                if t.is_number and t < 0:
+                    text += f" - {go(-t).at(oplib.ADD + 1)}"
+                else:
+                    text += f" + {go(t).at(oplib.ADD + 1)}"
+            return Expr(text, oplib.ADD)
+        if isinstance(e, sympy.Mul):
+            factors = sorted(e.args, key=lambda t: (not t.is_number, str(t)))
+            if factors[0] == -1:
+                rest = sympy.Mul(*factors[1:])
+                return Expr(f"-{go(rest).at(oplib.UNARY)}", oplib.UNARY)
+            parts = [go(f).at(oplib.MUL) for f in factors[1:]] if factors[0].is_number and False else \
+                [go(f).at(oplib.MUL + 1) for f in factors]
+            return Expr(" * ".join(parts), oplib.MUL)
+        name = type(e).__name__
+        if name in ("FloorDiv",):
+            a, b = e.args
+            return Expr(f"{go(a).at(oplib.MUL)} // {go(b).at(oplib.MUL + 1)}", oplib.MUL)
+        if name in ("CeilDiv",):
+            a, b = e.args
+            return Expr(f"-(-{go(a).at(oplib.UNARY)} // {go(b).at(oplib.MUL + 1)})", oplib.UNARY)
+        if name in ("Mod", "PythonMod"):
+            a, b = e.args
+            return Expr(f"{go(a).at(oplib.MUL)} % {go(b).at(oplib.MUL + 1)}", oplib.MUL)
+        if name in ("Max", "Min"):
+            return Expr(f"{name.lower()}({', '.join(go(a).text for a in e.args)})")
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            return Expr(f"{go(e.base).at(oplib.POWER + 1)} ** {int(e.exp)}", oplib.POWER)
+        if name in ("TruncToInt", "FloorToInt", "floor", "IntTrueDiv"):
+            return Expr(f"int({go(e.args[0]).text})")
+        raise Unsupported(f"a size expression {e}")
+
+    return go(expr)
+
+
+_ = COMPARE
