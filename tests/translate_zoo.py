@@ -223,7 +223,7 @@ class UNet(nn.Module):
         self.down2 = ResBlock(widths[1], widths[2])
         self.mid = ResBlock(widths[2], widths[2])
         self.up2 = nn.ConvTranspose2d(widths[2], widths[1], 2, stride=2)
-        self.dec2 = ResBlock(2 * widths[1], widths[1])
+        self.dec2 = ResBlock(widths[1] + widths[2], widths[1])
         self.dec1 = ResBlock(widths[1] + widths[0], widths[0])
         self.out = nn.Conv2d(widths[0], channels, 1)
 
@@ -232,7 +232,7 @@ class UNet(nn.Module):
         s1 = self.down1(F.avg_pool2d(s0, 2))
         s2 = self.down2(F.max_pool2d(s1, 2))
         h = self.mid(s2)
-        h = self.dec2(torch.cat([self.up2(h), F.interpolate(s1, scale_factor=0.5, mode="nearest")], dim=1))
+        h = self.dec2(torch.cat([self.up2(h), F.interpolate(s2, scale_factor=2, mode="nearest")], dim=1))
         h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)
         h = self.dec1(torch.cat([h, s0], dim=1))
         return self.out(h)

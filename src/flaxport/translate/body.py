@@ -31,6 +31,10 @@ SHORT_NAMES = {"scaled_dot_product_attention": "attn", "layer_norm": "normed", "
                "permute": "h", "cat": "joined", "add": "h", "mul": "h", "sub": "h", "div": "h"}
 
 
+# Ops whose handlers read sizes from their output's or inputs' shapes.
+SHAPE_OPS = {"aten.expand.default", "aten.flatten.using_ints", "aten.unflatten.int", "aten.expand_copy.default"}
+
+
 @dataclasses.dataclass
 class Body:
     """A rendered __call__: parameter names, statement lines (with slots), and what it needs."""
@@ -107,10 +111,30 @@ class BodyRenderer:
                             units.append(up)
 
         visit(self.frame)
+        self._split_iterations(units)
         return units, inside_call
 
+    @staticmethod
+    def _split_iterations(units):
+        """A statement run again by a loop (`for layer in self.layers: x = layer(x)`) makes more
+        module calls than it has call expressions: each run becomes a statement of its own."""
+        calls: dict = {}
+        current: dict = {}
+        for u in units:
+            if u.key is None:
+                continue
+            if u.kind == "call":
+                k = calls.get(u.key, 0)
+                calls[u.key] = k + 1
+                current[u.key] = k // u.stmt.calls if u.stmt else 0
+            u.key = u.key + (current.get(u.key, 0),)
+
     def _stmt_of_frame(self, frame):
+        """The statement of this class's code that called the child frame."""
         nodes = list(frame.all_nodes())
+        stmt = src.call_statement(nodes, type(self.frame.module))
+        if stmt is not None:
+            return stmt
         for n in nodes:
             s = src.statement(n, self.cls_file)
             if s is not None:
@@ -140,6 +164,7 @@ class BodyRenderer:
                 consumers[v].append("return")
         self.consumers = consumers
         self.inline = {v for v in producer if self._inlinable(v, out_set)}
+        self._limit_depth()
         # names of the inputs
         params = self.plan.param_names(self.frame)
         for v, name in zip(inputs, params):
@@ -147,8 +172,17 @@ class BodyRenderer:
                 continue
             self.names[v] = name
         self.live = {name: math.inf for name in params}
+        self.holder = {}
+        self.current_op = None
+        self.sym_cache = {}
         self.positions = self._positions()
+        for v, name in zip(inputs, params):
+            if not isinstance(v, str):
+                self.live[name] = self._last_use(v)
         self._assign_names(out_set)
+        for v, name in zip(inputs, params):
+            if not isinstance(v, str):
+                self.holder[name] = v
         for u in self.units:
             self._emit(u)
         self.lines.append(self._return(outputs))
@@ -166,7 +200,8 @@ class BodyRenderer:
         u = self.producer[v]
         if u.kind == "update" or u.key is None:
             return False
-        if u.kind == "call" and len(u.outputs) != 1:
+        if u.kind == "call" and (len(u.outputs) != 1 or self.plan._specs.get(u.frame.path) is not None
+                                 and self.plan._specs[u.frame.path].core):
             return False
         if u.kind == "op" and isinstance(v.meta.get("val"), (list, tuple)):
             return self._multi_inlinable(v)
@@ -182,6 +217,20 @@ class BodyRenderer:
                 len([g for g in user.node.users if g.users]) > 1:
             return False  # its outputs are separate expressions: do not repeat v in each
         return True
+
+    def _limit_depth(self, limit: int = 4):
+        """Name the inner part of a nested expression deeper than `limit` calls (torch functions
+        such as F.multi_head_attention_forward put dozens of ops in one source statement)."""
+        depth = {}
+        for u in self.units:
+            args = [a for a in self._used_by(u) if a in self.inline]
+            d = 1 + max((depth.get(a, 0) for a in args), default=0)
+            if d > limit:
+                deepest = max(args, key=lambda a: depth.get(a, 0))
+                self.inline.discard(deepest)
+                d = 1 + max((depth.get(a, 0) for a in args if a in self.inline), default=0)
+            for v in u.outputs:
+                depth[v] = d
 
     def _multi_inlinable(self, v) -> bool:
         used = [g for g in v.users if (g.users or self._is_output(g))]
@@ -218,17 +267,33 @@ class BodyRenderer:
                 groups.setdefault(u.key if u.key is not None else ("unit", u.index), []).append((u, named))
         for key, members in groups.items():
             values = [v for _, vs in members for v in vs]
+            results = [v for v in values if any(c == "return" or c.key != key for c in self.consumers.get(v, []))]
+            if results and len(results) < len(values):
+                temps = [v for v in values if v not in results]
+                values = results
+                for u, vs in members:
+                    for v in vs:
+                        if v in temps:
+                            self._claim(v, self._fallback_name(u, v), self.positions[u])
             stmt = members[0][0].stmt
             targets = list(stmt.targets) if stmt and stmt.targets else []
             wanted = {}
-            if targets and len(targets) == len(values):
+            u0 = members[0][0]
+            spec = self.plan._specs.get(u0.frame.path) if u0.kind == "call" else None
+            if spec is not None and spec.core and targets:
+                for v in values:
+                    position = spec.outputs[v.args[1]][1]
+                    if position < len(targets) and targets[position] and \
+                            sum(spec.outputs[w.args[1]][1] == position for w in values) == 1:
+                        wanted[v] = targets[position]
+            elif targets and len(targets) == len(values):
                 wanted = dict(zip(values, targets))
             elif targets and len(targets) == 1:
                 wanted = {values[-1]: targets[0]}
             for u, vs in members:
                 for v in vs:
-                    base = wanted.get(v) or self._fallback_name(u, v)
-                    self._claim(v, base, self.positions[u])
+                    if v in values:
+                        self._claim(v, wanted.get(v) or self._fallback_name(u, v), self.positions[u])
 
     def _needs_name(self, v) -> bool:
         if isinstance(v.meta.get("val"), (list, tuple)):
@@ -267,6 +332,11 @@ class BodyRenderer:
             return
         if u.kind == "call":
             expr = self._call_expr(u)
+            self._bind(*u.outputs)
+            spec = self.plan._specs.get(u.frame.path)
+            if spec is not None and spec.core:  # LSTM / GRU: destructure (out, (h, c)) as torch returns it
+                self.lines.append(f"{self._destructure(spec, u)} = {expr.text}")
+                return
             names = [self.names[v] for v in u.outputs]
             if not names:
                 self.lines.append(expr.text)
@@ -294,15 +364,36 @@ class BodyRenderer:
             for g in node.users:
                 if g in self.names:
                     self.exprs[g] = Expr(self.names[g])
+                    self._bind(g)
             return
         if node in self.exprs:  # a getitem already bound by a tuple statement
             return
         expr = self._op_expr(node)
+        self._bind(node)
         self.lines.append(f"{self.names[node]} = {expr.text}")
+
+    def _bind(self, *values):
+        for v in values:
+            if v in self.names:
+                self.holder[self.names[v]] = v
+
+    def _destructure(self, spec, u) -> str:
+        by_index = {v.args[1]: self.names[v] for v in u.outputs}
+        top: dict = {}
+        for index, (access, position) in sorted(spec.outputs.items()):
+            top.setdefault(position, []).append(by_index.get(index, "_"))
+        parts = []
+        for position in sorted(top):
+            names = top[position]
+            if len(names) == 1:
+                parts.append(names[0])
+            else:
+                parts.append("_" if all(n == "_" for n in names) else "(" + ", ".join(names) + ")")
+        return ", ".join(parts)
 
     def value(self, v) -> Expr:
         """The expression for value v where it is used."""
-        if v in self.names and (v not in self.producer or self.producer[v].index <= self._cursor_index(v)):
+        if v in self.names:
             return Expr(self.names[v])
         if v in self.exprs:
             return self.exprs[v]
@@ -325,10 +416,9 @@ class BodyRenderer:
                 return part
             if parent in self.exprs:
                 return Expr(f"{self.exprs[parent].at(ATOM)}[{v.args[1]}]")
-        return self._op_expr(v)
-
-    def _cursor_index(self, v):
-        return math.inf
+        expr = self._op_expr(v)
+        self.exprs[v] = expr
+        return expr
 
     def _placeholder(self, v, ph) -> Expr:
         if ph.kind == "input":
@@ -344,6 +434,39 @@ class BodyRenderer:
         return Expr(f"{attr}({', '.join(args)})")
 
     def _op_expr(self, node) -> Expr:
+        saved = (self.current_op, self.sym_cache)
+        self.current_op, self.sym_cache = node, {}
+        try:
+            self._prepare_symbols(node)
+            return self._op_expr_inner(node)
+        finally:
+            self.current_op, self.sym_cache = saved
+
+    def _prepare_symbols(self, node):
+        """Resolve the sizes this op needs before its arguments are rendered (a resolution may
+        need an argument to be a named statement of its own)."""
+        import torch
+
+        symbols = []
+
+        def collect(v):
+            if isinstance(v, (list, tuple)):
+                for e in v:
+                    collect(e)
+            elif hasattr(v, "op") and cap.is_sym(v):
+                symbols.extend(v.meta["val"].node.expr.free_symbols)
+            elif isinstance(v, torch.SymInt):
+                symbols.extend(v.node.expr.free_symbols)
+
+        collect(list(node.args) + list(node.kwargs.values()))
+        if str(node.target) in SHAPE_OPS:
+            collect(list(getattr(node.meta.get("val"), "shape", ())))
+            for a in node.all_input_nodes:
+                collect(list(getattr(a.meta.get("val"), "shape", ()) or ()))
+        for sym in dict.fromkeys(symbols):
+            self.sym_cache[str(sym)] = self._resolve_symbol(sym)
+
+    def _op_expr_inner(self, node) -> Expr:
         handler = oplib.lookup(node)
         if handler is None:
             self.plan.unsupported(node, self.frame, None)
@@ -380,28 +503,41 @@ class BodyRenderer:
             expr = value
         if isinstance(expr, (int, sympy.Integer)):
             return Expr(str(int(expr)))
-        return _print(expr, self._resolve_symbol)
+        return _print(expr, lambda sym: self.sym_cache.get(str(sym)) or self._resolve_symbol(sym))
 
     def _resolve_symbol(self, symbol) -> str:
+        """`v.shape[d]` for a named array in scope whose dim d is this size symbol: the current
+        op's own arguments first, then the most recently computed arrays, then the inputs. An
+        argument not yet named is given a name (a statement of its own) to be read from."""
         name = str(symbol)
-        candidates = [v for v in self.inputs if not isinstance(v, str)]
-        candidates += [v for v, n in self.names.items() if v not in candidates]
-        for v in candidates:
-            if v not in self.names:
-                continue
-            val = v.meta.get("val") if hasattr(v, "meta") else None
-            shape = getattr(val, "shape", None)
-            if shape is None:
-                continue
-            for d, s in enumerate(shape):
-                if hasattr(s, "node") and str(s.node.expr) == name:
-                    return f"{self.names[v]}.shape[{d}]"
-        for v in self.inputs:
-            if isinstance(v, str) and v == name:
-                return self.names_of_symbols.get(name, name)
+        op = self.current_op
+        first = [a for a in (op.all_input_nodes if op is not None else []) if not cap.is_sym(a)]
+        recent = [v for v in reversed(list(self.holder.values()))]
+        for v in first + recent:
+            if v in self.names and self.holder.get(self.names[v]) is v:
+                found = self._dim_of(v, name)
+                if found is not None:
+                    return f"{self.names[v]}.shape[{found}]"
+        for v in first:
+            if v in self.producer and v not in self.names and self._dim_of(v, name) is not None and \
+                    not isinstance(v.meta.get("val"), (list, tuple)):
+                expr = self.value(v)
+                self._claim(v, self._fallback_name(self.producer[v], v), self.producer[v].index)
+                self.live[self.names[v]] = math.inf
+                self.lines.append(f"{self.names[v]} = {expr.text}")
+                self.exprs.pop(v, None)
+                self._bind(v)
+                return f"{self.names[v]}.shape[{self._dim_of(v, name)}]"
         return self.plan.need_symbol(self.frame, name)
 
-    names_of_symbols: dict = {}
+    @staticmethod
+    def _dim_of(v, name):
+        val = v.meta.get("val") if hasattr(v, "meta") else None
+        for d, s in enumerate(getattr(val, "shape", ()) or ()):
+            if hasattr(s, "node") and str(s.node.expr) == name:
+                return d
+        return None
+
 
     # ------------------------------------------------------------------ literals
     def slot(self, value, hint) -> Expr:
@@ -510,7 +646,7 @@ class OpContext:
     def out_shape(self):
         return list(self.out.shape)
 
-    def size(self, name_or_list, hint="size") -> Expr:
+    def size(self, name_or_list, hint="size", bare=False) -> Expr:
         values = self.args.get(name_or_list) if isinstance(name_or_list, str) else name_or_list
         parts = []
         for v in values:
@@ -520,6 +656,8 @@ class OpContext:
                 parts.append(self.lit(v, hint).text if v != -1 else "-1")
             else:  # a SymInt
                 parts.append(self.body.sym_expr(v).text)
+        if bare:  # as separate arguments: x.reshape(n, -1)
+            return Expr(", ".join(parts))
         return Expr("(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")")
 
     def index_text(self, v) -> str:
@@ -530,6 +668,8 @@ class OpContext:
         return self.body.sym_expr(v).text
 
     def index_expr(self, x: Expr, ndim: int, parts: dict, keep_trailing=False) -> Expr:
+        if x.text.endswith("[...]"):  # an nnx.Variable indexes like its array
+            x = Expr(x.text[:-5])
         last = max(parts)
         if last == ndim - 1 and ndim >= 3 and all(d == last for d in parts):
             return Expr(f"{x.at(ATOM)}[..., {parts[last]}]")

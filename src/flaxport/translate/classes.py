@@ -130,12 +130,12 @@ def layer_constructor(plan, path) -> list:
     parts = [spec.runtime + "("]
     first = True
     for name, value, default in spec.args(module):
-        if default is not None and value == default:
+        if default != layer_table.POSITIONAL and value == default:
             continue
         if not first:
             parts.append(", ")
         first = False
-        if default is None:
+        if default == layer_table.POSITIONAL:
             parts.append((value, name))
         else:
             parts += [f"{name}=", (value, name)]
@@ -376,8 +376,9 @@ def _parameters(cdef: ClassDef):
             continue
         hv = tuple(map(_hashable, vec))
         if hv not in by_vector:
-            part, li, si = pos
-            hint = getattr(insts[0], part)[li].slots[si][1] or "value"
+            hints = [getattr(insts[0], p)[l].slots[k][1] for (p, l, k) in positions
+                     if tuple(map(_hashable, vectors[(p, l, k)])) == hv]
+            hint = min(hints, key=lambda h: HINT_ORDER.index(h) if h in HINT_ORDER else len(HINT_ORDER)) or "value"
             name = attr_vectors.get(hv) or _safe_name(hint)
             base, k = name, 1
             while name in names:
@@ -391,6 +392,11 @@ def _parameters(cdef: ClassDef):
     for i, inst in enumerate(insts):
         inst.cls = cdef
         inst.args = tuple(vec[i] for _, vec in params)
+
+
+# Constructor-argument names in order of preference when one value fills several slots.
+HINT_ORDER = ["in_channels", "out_channels", "in_features", "out_features", "embedding_dim", "hidden_size",
+              "input_size", "stride", "kernel_size", "padding", "dilation", "groups", "num_embeddings"]
 
 
 def _attribute_vectors(insts) -> dict:

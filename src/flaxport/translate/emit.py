@@ -112,12 +112,16 @@ def load(directory, *, seed=0):
     """The translated model with the weights saved in `directory` (weights.safetensors, torch's names),
     in the torch module's train/eval mode; dropout draws from the `dropout` stream seeded by `seed`."""
     arrays, metadata = read_safetensors(os.path.join(directory, "weights.safetensors"))
-    model = {root}(rngs=nnx.Rngs(params=0, dropout=seed))
-    paths = json.loads(metadata["nnx_paths"])
+    # Shapes only (nothing initialised): every variable is set from the file below.
+    model = nnx.eval_shape(lambda: {root}(rngs=nnx.Rngs(params=0, dropout=seed)))
     variables = dict(nnx.to_flat_state(nnx.state(model)))
-    for name, path in paths.items():
+    for name, path in json.loads(metadata["nnx_paths"]).items():
         key = tuple(int(p) if p.isdigit() else p for p in path.split("/"))
         variables[key].set_value(jnp.asarray(arrays[name]))
+    for i, (_, key) in enumerate(nnx.to_flat_state(nnx.state(model, nnx.RngKey))):
+        key.set_value(jax.random.fold_in(jax.random.key(seed), i))
+    for _, count in nnx.to_flat_state(nnx.state(model, nnx.RngCount)):
+        count.set_value(jnp.zeros((), jnp.uint32))
     model.train() if metadata.get("mode") == "train" else model.eval()
     return model
 '''

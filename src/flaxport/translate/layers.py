@@ -14,10 +14,13 @@ import dataclasses
 @dataclasses.dataclass
 class LayerSpec:
     runtime: str  # class name in the runtime
-    args: callable  # module -> [(name, value, default)]; default None = positional
+    args: callable  # module -> [(name, value, default)]; default POSITIONAL: always passed, by position
     ops: frozenset  # ATen ops allowed in its frame
     outputs: dict = dataclasses.field(default_factory=dict)  # core-op getitem index -> (access, top-level position)
     core: str = ""  # the op whose getitems are the outputs (multi-output layers)
+
+
+POSITIONAL = "<positional>"
 
 
 def _same(v):
@@ -25,55 +28,55 @@ def _same(v):
 
 
 def _linear(m):
-    return [("in_features", m.in_features, None), ("out_features", m.out_features, None),
+    return [("in_features", m.in_features, POSITIONAL), ("out_features", m.out_features, POSITIONAL),
             ("bias", m.bias is not None, True)]
 
 
 def _conv(m):
     padding = m.padding if isinstance(m.padding, str) else _same(tuple(m.padding))
-    return [("in_channels", m.in_channels, None), ("out_channels", m.out_channels, None),
-            ("kernel_size", _same(tuple(m.kernel_size)), None), ("stride", _same(tuple(m.stride)), 1),
+    return [("in_channels", m.in_channels, POSITIONAL), ("out_channels", m.out_channels, POSITIONAL),
+            ("kernel_size", _same(tuple(m.kernel_size)), POSITIONAL), ("stride", _same(tuple(m.stride)), 1),
             ("padding", padding, 0), ("dilation", _same(tuple(m.dilation)), 1), ("groups", m.groups, 1),
             ("bias", m.bias is not None, True)]
 
 
 def _conv_transpose(m):
-    return [("in_channels", m.in_channels, None), ("out_channels", m.out_channels, None),
-            ("kernel_size", _same(tuple(m.kernel_size)), None), ("stride", _same(tuple(m.stride)), 1),
+    return [("in_channels", m.in_channels, POSITIONAL), ("out_channels", m.out_channels, POSITIONAL),
+            ("kernel_size", _same(tuple(m.kernel_size)), POSITIONAL), ("stride", _same(tuple(m.stride)), 1),
             ("padding", _same(tuple(m.padding)), 0), ("output_padding", _same(tuple(m.output_padding)), 0),
             ("groups", m.groups, 1), ("bias", m.bias is not None, True), ("dilation", _same(tuple(m.dilation)), 1)]
 
 
 def _batch_norm(m):
-    return [("num_features", m.num_features, None), ("eps", m.eps, 1e-5), ("momentum", m.momentum, 0.1),
+    return [("num_features", m.num_features, POSITIONAL), ("eps", m.eps, 1e-5), ("momentum", m.momentum, 0.1),
             ("affine", m.affine, True), ("track_running_stats", m.track_running_stats, True)]
 
 
 def _layer_norm(m):
     shape = tuple(m.normalized_shape)
-    return [("normalized_shape", shape[0] if len(shape) == 1 else shape, None), ("eps", m.eps, 1e-5),
+    return [("normalized_shape", shape[0] if len(shape) == 1 else shape, POSITIONAL), ("eps", m.eps, 1e-5),
             ("elementwise_affine", m.elementwise_affine, True),
-            ("bias", getattr(m, "bias", None) is not None or not m.elementwise_affine, True)]
+            ("bias", getattr(m, "bias", POSITIONAL) is not None or not m.elementwise_affine, True)]
 
 
 def _group_norm(m):
-    return [("num_groups", m.num_groups, None), ("num_channels", m.num_channels, None), ("eps", m.eps, 1e-5),
+    return [("num_groups", m.num_groups, POSITIONAL), ("num_channels", m.num_channels, POSITIONAL), ("eps", m.eps, 1e-5),
             ("affine", m.affine, True)]
 
 
 def _embedding(m):
-    return [("num_embeddings", m.num_embeddings, None), ("embedding_dim", m.embedding_dim, None),
-            ("padding_idx", m.padding_idx, None if m.padding_idx is None else -1)]
+    return [("num_embeddings", m.num_embeddings, POSITIONAL), ("embedding_dim", m.embedding_dim, POSITIONAL),
+            ("padding_idx", m.padding_idx, None)]
 
 
 def _rnn(m):
-    return [("input_size", m.input_size, None), ("hidden_size", m.hidden_size, None),
+    return [("input_size", m.input_size, POSITIONAL), ("hidden_size", m.hidden_size, POSITIONAL),
             ("num_layers", m.num_layers, 1), ("bias", m.bias, True), ("batch_first", m.batch_first, False),
             ("dropout", float(m.dropout), 0.0), ("bidirectional", m.bidirectional, False)]
 
 
 def _dropout(m):
-    return [("rate", float(m.p), None)]
+    return [("rate", float(m.p), POSITIONAL)]
 
 
 _CONV_OPS = frozenset({"aten.conv1d.default", "aten.conv2d.default", "aten.conv3d.default", "aten.conv1d.padding",
@@ -118,16 +121,18 @@ def layer_spec(module, frames) -> LayerSpec | None:
     """The LayerSpec translating this module, or None (translate it op by op)."""
     from torch import nn
 
-    spec = specs().get(type(module))
-    if spec is None:
-        return None
+    table = specs()
+    base = next((c for c in type(module).__mro__ if c in table), None)
+    if base is None or type(module).forward is not base.forward:
+        return None  # not a layer, or a subclass with a forward of its own
+    spec = table[base]
     if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and module.padding_mode != "zeros":
         return None
     if isinstance(module, (nn.LSTM, nn.GRU)) and getattr(module, "proj_size", 0):
         return None
     if isinstance(module, nn.Embedding) and (module.max_norm is not None or module.scale_grad_by_freq):
         return None
-    if isinstance(module, nn.LayerNorm) and not module.elementwise_affine and getattr(module, "bias", None):
+    if isinstance(module, nn.LayerNorm) and not module.elementwise_affine and getattr(module, "bias", POSITIONAL):
         return None
     for frame in frames:
         for node in frame.all_nodes():

@@ -30,7 +30,7 @@ from flaxport.translate.body import BodyRenderer, _safe_name
 from flaxport.translate.ops import Unsupported
 
 NNX_RESERVED = {"train", "eval", "set_attributes", "sow", "perturb", "iter_modules", "iter_children", "training",
-                "deterministic", "use_running_average", "rngs", "layers"}
+                "deterministic", "use_running_average", "rngs"}
 _MARK = re.compile("\x00(\\d+)\x00")
 
 
@@ -109,6 +109,12 @@ class Plan:
     def _decide_kinds(self):
         from torch import nn
 
+        read = set()  # modules whose parameters or buffers the graphs read directly
+        for c in self.captures.values():
+            for node, ph in c.placeholders.items():
+                if ph.kind in ("param", "buffer") and node.users:
+                    read.add(ph.target.rsplit(".", 1)[0] if "." in ph.target else "")
+        self._read = read
         for path, m in self.modules.items():
             frames = [f for _, f in self.frames_by_path.get(path, [])]
             if path == "":
@@ -139,9 +145,9 @@ class Plan:
         return "call" if kind == "element" and not isinstance(frame_or_path, str) else kind
 
     def used(self, path) -> bool:
-        """Does the forward use this module (or something inside it)?"""
+        """Does the forward use this module (or something inside it, or its parameters)?"""
         prefix = path + "." if path else ""
-        return any(p == path or p.startswith(prefix) for p in self.frames_by_path)
+        return any(p == path or p.startswith(prefix) for p in list(self.frames_by_path) + list(self._read))
 
     # ------------------------------------------------------------------ inputs and outputs
     def io(self, frame):

@@ -174,7 +174,9 @@ def _leaves(out) -> list:
 
 
 def _run_recorded(t, model, inputs):
-    """(records [(torch module path, output)], model output): every translated call recorded."""
+    """(records [(torch module path, output)], model output): every translated call recorded,
+    in one jitted call (one compile instead of one per op)."""
+    import jax
     from flax import nnx
 
     plan = t.plan
@@ -193,27 +195,56 @@ def _run_recorded(t, model, inputs):
     for _, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Module):
             classes.add(type(node))
-    records = []
-    saved = {}
-    owners = {next(k for k in c.__mro__ if "__call__" in vars(k)) for c in classes}
-    for cls in owners:
-        original = vars(cls)["__call__"]
+    owners = {next((k for k in c.__mro__ if "__call__" in vars(k)), None) for c in classes} - {None}
+    graphdef, state = nnx.split(model)
+    paths = []
 
-        def wrapper(self, *a, _original=original, **k):
-            out = _original(self, *a, **k)
-            path = targets.get(id(self))
-            if path is not None:
-                records.append((path, out))
-            return out
+    def run(state, xs):
+        m = nnx.merge(graphdef, state)
+        ids = {id(obj): path for obj, path in _objects(m, plan).items()}
+        records = []
+        saved = {}
+        for cls in owners:
+            original = vars(cls)["__call__"]
 
-        saved[cls] = original
-        cls.__call__ = wrapper
-    try:
-        out = model(*inputs)
-    finally:
-        for cls, original in saved.items():
-            cls.__call__ = original
-    return records, out
+            def wrapper(self, *a, _original=original, **k):
+                out = _original(self, *a, **k)
+                path = ids.get(id(self))
+                if path is not None:
+                    records.append((path, out))
+                return out
+
+            saved[cls] = original
+            cls.__call__ = wrapper
+        try:
+            out = m(*xs)
+        finally:
+            for cls, original in saved.items():
+                cls.__call__ = original
+        paths[:] = [p for p, _ in records]
+        return out, [r for _, r in records]
+
+    out, values = jax.jit(run)(state, list(inputs))
+    _ = targets
+    return list(zip(paths, values)), out
+
+
+def _objects(model, plan) -> dict:
+    """{module object: torch path} for every recorded (layer, generated, sequential) module."""
+    from flax import nnx
+
+    out = {}
+    for path, kind in plan._kinds.items():
+        if not path or kind not in ("layer", "generated", "sequential"):
+            continue
+        obj = model
+        try:
+            for part in plan.nnx_path(path):
+                obj = obj[part] if isinstance(part, int) or isinstance(obj, (nnx.List, nnx.Dict)) else getattr(obj, part)
+        except (AttributeError, IndexError, KeyError, TypeError):
+            continue
+        out[obj] = path
+    return out
 
 
 def _interpret(capture, args, kwargs) -> dict:
@@ -240,7 +271,14 @@ def _interpret(capture, args, kwargs) -> dict:
             values.append(flat_inputs[ph.index])
     env = {}
 
+    views = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+
     class Recorder(torch.fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            if target in views:  # the capture dropped torch's contiguous() calls
+                target = torch.ops.aten.reshape.default
+            return super().call_function(target, args, kwargs)
+
         def run_node(self, n):
             result = super().run_node(n)
             if torch.is_tensor(result):

@@ -24,6 +24,7 @@ class Statement:
     targets: tuple  # names assigned, in order (None where not a plain name); () if none
     is_return: bool
     text: str  # the statement's first line, stripped
+    calls: int = 1  # function calls written in it (a loop running it again calls more)
 
 
 def frames(node) -> list:
@@ -44,6 +45,31 @@ def statement(node, class_file: str | None) -> Statement | None:
         stmt = _statement_at(file, line)
         if stmt is not None:
             return stmt
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def class_lines(cls) -> tuple:
+    """(file, first line, last line) of cls's source and of the class defining its forward."""
+    spans = []
+    for c in (cls, next((k for k in cls.__mro__ if "forward" in vars(k)), None)):
+        if c is None:
+            continue
+        try:
+            lines, start = inspect.getsourcelines(c)
+            spans.append((inspect.getsourcefile(c), start, start + len(lines) - 1))
+        except (TypeError, OSError):
+            pass
+    return tuple(spans)
+
+
+def call_statement(nodes, cls) -> Statement | None:
+    """The statement in cls's own code (its methods) from which a child module was called."""
+    spans = class_lines(cls)
+    for node in nodes:
+        for file, line, _ in reversed(frames(node)):
+            if any(f == file and lo <= line <= hi for f, lo, hi in spans):
+                return _statement_at(file, line)
     return None
 
 
@@ -80,11 +106,12 @@ def _statement_at(file: str, line: int) -> Statement | None:
         return None
     targets: tuple = ()
     if isinstance(best, ast.Assign):
-        targets = _names(best.targets[-1])
+        targets = _names(best.targets[0])
     elif isinstance(best, (ast.AugAssign, ast.AnnAssign)):
         targets = _names(best.target)
     text = linecache.getline(file, best.lineno).strip()
-    return Statement((file, best.lineno, best.col_offset), targets, isinstance(best, ast.Return), text)
+    calls = sum(isinstance(n, ast.Call) for n in ast.walk(best))
+    return Statement((file, best.lineno, best.col_offset), targets, isinstance(best, ast.Return), text, max(calls, 1))
 
 
 _COMPOUND = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,

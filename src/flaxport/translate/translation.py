@@ -58,7 +58,8 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
             notes.append(f"{mode} mode could not be captured ({e}); the model is translated in {primary} mode only")
     captures = dict(sorted(captures.items(), key=lambda kv: kv[0] != "eval"))
     try:
-        f64 = capture(module, args, kwargs, train=False, dtype=torch.float64)
+        # static shapes: it only supplies torch's float64 values and which casts follow the dtype
+        f64 = capture(module, args, kwargs, train=False, dtype=torch.float64, dynamic=False)
     except TranslateError:
         f64 = None
     plan = Plan(module, captures, f64)
@@ -138,7 +139,7 @@ class Translation:
         import jax.numpy as jnp
         from flax import nnx
 
-        model = self.namespace[self.root_class](rngs=nnx.Rngs(params=0, dropout=seed))
+        model = abstract_model(self.namespace[self.root_class], seed)
         values = {**self._torch_state, **self._extra}
         if dtype is not None and jnp.dtype(dtype) == jnp.float64:
             values.update(self._extra64)
@@ -147,6 +148,7 @@ class Translation:
         return model
 
     def _set(self, model, values: dict, dtype=None, strict: bool = True):
+        import jax
         import jax.numpy as jnp
         from flax import nnx
 
@@ -164,6 +166,9 @@ class Translation:
             if dtype is not None and np.issubdtype(a.dtype, np.floating):
                 a = a.astype(dtype)
             var.set_value(jnp.asarray(a))
+        unset = [p for p, v in variables.items() if isinstance(v.get_value(), jax.ShapeDtypeStruct)]
+        if unset and strict:
+            raise TranslateError(f"no torch value for the variables {', '.join('/'.join(map(str, p)) for p in unset[:5])}")
         if missing and strict:
             raise TranslateError(f"the translated model has no variable for {', '.join(missing[:5])}")
 
@@ -257,6 +262,22 @@ class Translation:
             lines.append(f"note: not used by forward, left out: {', '.join(self.unused[:6])}"
                          + (" ..." if len(self.unused) > 6 else ""))
         return "\n".join(lines)
+
+
+def abstract_model(cls, seed: int = 0):
+    """cls(rngs=...) built without computing any initial value (nnx.eval_shape), with real rng
+    streams: every other variable is set from the torch weights right after."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    model = nnx.eval_shape(lambda: cls(rngs=nnx.Rngs(params=0, dropout=seed)))
+    keys = [v for _, v in nnx.to_flat_state(nnx.state(model, nnx.RngKey))]
+    for i, var in enumerate(keys):
+        var.set_value(jax.random.fold_in(jax.random.key(seed), i))
+    for _, var in nnx.to_flat_state(nnx.state(model, nnx.RngCount)):
+        var.set_value(jnp.zeros((), jnp.uint32))
+    return model
 
 
 def _np(v) -> np.ndarray:

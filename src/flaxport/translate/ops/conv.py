@@ -111,30 +111,25 @@ def adaptive_max_pool(c, node):
     return Outputs((call(c.helper("adaptive_max_pool"), c.x("self"), c.ints(size, "output_size")), None))
 
 
-def _output_size(c):
-    n = len(c.out.shape) - 2
-    return c.size(list(c.out.shape)[2:], hint="size") if n else None
-
-
-def _scales(c):
+def _size_and_scale(c):
+    """(size=..., scale_factor=...) keywords: the scale factors when torch had them, else the size."""
     if c.has("scale_factors") and c.raw("scale_factors"):
-        return Expr(repr(tuple(float(s) for s in c.raw("scale_factors"))))
-    return None
+        return {"scale_factor": c.ints(tuple(float(s) for s in c.raw("scale_factors")), "scale_factor")}
+    return {"size": c.size(list(c.out.shape)[2:], hint="size")}
 
 
 @op("aten.upsample_nearest1d.vec", "aten.upsample_nearest2d.vec", "aten.upsample_nearest3d.vec",
     "aten._upsample_nearest_exact1d.vec", "aten._upsample_nearest_exact2d.vec", "aten._upsample_nearest_exact3d.vec")
 def upsample_nearest(c, node):
     exact = "exact" in str(node.target)
-    return call(c.helper("interpolate_nearest"), c.x("input"), _output_size(c), scale_factors=_scales(c),
-                exact="True" if exact else None)
+    return call(c.helper("interpolate_nearest"), c.x("input"), **_size_and_scale(c), exact="True" if exact else None)
 
 
 @op("aten.upsample_linear1d.vec", "aten.upsample_bilinear2d.vec", "aten.upsample_trilinear3d.vec")
 def upsample_linear(c, node):
     align = c.raw("align_corners")
-    return call(c.helper("interpolate_linear"), c.x("input"), _output_size(c),
-                align_corners="True" if align else None, scale_factors=None if align else _scales(c))
+    sizes = {"size": c.size(list(c.out.shape)[2:], hint="size")} if align else _size_and_scale(c)
+    return call(c.helper("interpolate_linear"), c.x("input"), **sizes, align_corners="True" if align else None)
 
 
 @op("aten.upsample_bicubic2d.vec")

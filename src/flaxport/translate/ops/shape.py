@@ -6,7 +6,7 @@ from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, metho
 
 
 def _reshape(c, node):
-    shape = c.size("size" if c.has("size") else "shape")
+    shape = c.size("size" if c.has("size") else "shape", bare=True)
     return method(c.x("self"), "reshape", shape)
 
 
@@ -19,13 +19,14 @@ def flatten(c, node):
     start, end = c.dim("start_dim", ndim), c.dim("end_dim", ndim)
     if start == end:
         return c.x("self")
-    out = c.out_shape()
-    return method(c.x("self"), "reshape", c.size(out))
+    shape = list(c.val("self").shape)
+    sizes = shape[:start] + [-1] + shape[end + 1:]
+    return method(c.x("self"), "reshape", c.size(sizes, bare=True))
 
 
 @op("aten.unflatten.int")
 def unflatten(c, node):
-    return method(c.x("self"), "reshape", c.size(c.out_shape()))
+    return method(c.x("self"), "reshape", c.size(c.out_shape(), bare=True))
 
 
 @op("aten.permute.default")

@@ -137,29 +137,39 @@ def _adaptive(x, output_size, reduce):
     return x
 
 
-def interpolate_nearest(x, output_size, scale_factors=None, exact=False):
-    """torch's upsample_nearest{1,2,3}d ('nearest', or 'nearest-exact' when exact).
+def _output_size(x, size, scale_factor):
+    """F.interpolate's output size: `size`, or floor(input size * scale_factor) per spatial axis."""
+    if size is not None:
+        return tuple(size)
+    n = len(scale_factor)
+    return tuple(int(math.floor(s * f)) for s, f in zip(x.shape[-n:], scale_factor))
+
+
+def interpolate_nearest(x, size=None, scale_factor=None, exact=False):
+    """torch's F.interpolate(mode='nearest') (or 'nearest-exact' when exact) on (N, C, *spatial).
 
     torch reads source index floor(dst * scale) with scale = 1 / scale_factor when a scale
     factor was given, else in / out, computed in float32.
     """
+    output_size = _output_size(x, size, scale_factor)
     n = len(output_size)
     for i, out in enumerate(output_size):
         axis = x.ndim - n + i
-        size = x.shape[axis]
-        scale = np.float32(1.0 / scale_factors[i]) if scale_factors else np.float32(size / out)
+        size_in = x.shape[axis]
+        scale = np.float32(1.0 / scale_factor[i]) if scale_factor else np.float32(size_in / out)
         dst = np.arange(out, dtype=np.float32) + (np.float32(0.5) if exact else np.float32(0))
-        src = np.minimum(np.floor(dst * scale).astype(np.int64), size - 1)
+        src = np.minimum(np.floor(dst * scale).astype(np.int64), size_in - 1)
         x = jnp.take(x, jnp.asarray(src), axis=axis)
     return x
 
 
-def interpolate_linear(x, output_size, align_corners=False, scale_factors=None):
-    """torch's upsample_linear1d / bilinear2d / trilinear3d: separable linear interpolation.
+def interpolate_linear(x, size=None, scale_factor=None, align_corners=False):
+    """torch's F.interpolate(mode='linear' / 'bilinear' / 'trilinear'): separable linear interpolation.
 
     Source coordinate (dst + 0.5) * scale - 0.5, clamped at 0 (align_corners=False), or
     dst * (in - 1) / (out - 1) (align_corners=True); scale = 1 / scale_factor when given.
     """
+    output_size = _output_size(x, size, scale_factor)
     n = len(output_size)
     for i, out in enumerate(output_size):
         axis = x.ndim - n + i
@@ -168,7 +178,7 @@ def interpolate_linear(x, output_size, align_corners=False, scale_factors=None):
         if align_corners:
             src = dst * ((size - 1) / (out - 1) if out > 1 else 0.0)
         else:
-            scale = 1.0 / scale_factors[i] if scale_factors else size / out
+            scale = 1.0 / scale_factor[i] if scale_factor else size / out
             src = np.maximum((dst + 0.5) * scale - 0.5, 0.0)
         lo = np.minimum(np.floor(src).astype(np.int64), size - 1)
         hi = np.minimum(lo + 1, size - 1)
