@@ -154,6 +154,9 @@ class BodyRenderer:
         # consumers of each produced value: units of this body, or "return"
         out_set = set(outputs)
         consumers: dict = {v: [] for v in producer}
+        for v in inputs:
+            if not isinstance(v, str):
+                consumers.setdefault(v, [])
         for u in self.units:
             used = self._used_by(u)
             for v in used:
@@ -165,6 +168,8 @@ class BodyRenderer:
         self.consumers = consumers
         self.inline = {v for v in producer if self._inlinable(v, out_set)}
         self._limit_depth()
+        self.current_unit = None
+        self._plan_symbols()
         # names of the inputs
         params = self.plan.param_names(self.frame)
         for v, name in zip(inputs, params):
@@ -186,6 +191,7 @@ class BodyRenderer:
         for u in self.units:
             self._emit(u)
         self.lines.append(self._return(outputs))
+        params = self.plan.param_names(self.frame)
         return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
                     list(outputs), self.imports)
 
@@ -217,6 +223,54 @@ class BodyRenderer:
                 len([g for g in user.node.users if g.users]) > 1:
             return False  # its outputs are separate expressions: do not repeat v in each
         return True
+
+    def _plan_symbols(self):
+        """Choose, for every size a unit reads, the array whose shape it is read from, and count
+        that read as a use (so the array keeps its name until then)."""
+        import torch
+
+        self.sym_source = {}
+        earlier = [v for v in self.inputs if not isinstance(v, str)]
+        for u in self.units:
+            symbols = []
+
+            def collect(v):
+                if isinstance(v, (list, tuple)):
+                    for e in v:
+                        collect(e)
+                elif isinstance(v, str):
+                    symbols.append(v)
+                elif hasattr(v, "op") and cap.is_sym(v):
+                    symbols.extend(str(s) for s in v.meta["val"].node.expr.free_symbols)
+                elif isinstance(v, torch.SymInt):
+                    symbols.extend(str(s) for s in v.node.expr.free_symbols)
+
+            if u.kind == "call":
+                collect(self.plan.io(u.frame)[0])
+            elif u.kind == "op":
+                node = u.node
+                collect(list(node.args) + list(node.kwargs.values()))
+                if str(node.target) in SHAPE_OPS:
+                    collect(list(getattr(node.meta.get("val"), "shape", ())))
+                    for a in node.all_input_nodes:
+                        collect(list(getattr(a.meta.get("val"), "shape", ()) or ()))
+            args, todo = [], [a for a in self._used_by(u) if not isinstance(a, str) and not cap.is_sym(a)]
+            while todo:
+                a = todo.pop(0)
+                if a in args:
+                    continue
+                args.append(a)
+                if a in self.inline and a in self.producer:
+                    todo += [b for b in self._used_by(self.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
+            for name in dict.fromkeys(symbols):
+                candidates = [a for a in args if a not in self.inline] + list(reversed(earlier))
+                source = next((v for v in candidates if self._dim_of(v, name) is not None), None)
+                if source is None:
+                    continue
+                self.sym_source[(u.index, name)] = source
+                if source in self.consumers and u not in self.consumers[source]:
+                    self.consumers[source].append(u)
+            earlier += [v for v in u.outputs if v not in self.inline and not isinstance(v.meta.get("val"), (list, tuple))]
 
     def _limit_depth(self, limit: int = 4):
         """Name the inner part of a nested expression deeper than `limit` calls (torch functions
@@ -288,7 +342,7 @@ class BodyRenderer:
                         wanted[v] = targets[position]
             elif targets and len(targets) == len(values):
                 wanted = dict(zip(values, targets))
-            elif targets and len(targets) == 1:
+            elif targets and (len(targets) == 1 or len(values) == 1) and targets[0]:
                 wanted = {values[-1]: targets[0]}
             for u, vs in members:
                 for v in vs:
@@ -428,19 +482,22 @@ class BodyRenderer:
     def _call_expr(self, u) -> Expr:
         inputs, _ = self.plan.io(u.frame)
         args = []
+        saved, self.current_unit = self.current_unit, u
         for v in inputs:
             args.append(self.sym_expr(v).text if isinstance(v, str) else self.value(v).text)
+        self.current_unit = saved
         attr = self.plan.attr_expr(self.path, u.frame.path)
         return Expr(f"{attr}({', '.join(args)})")
 
     def _op_expr(self, node) -> Expr:
-        saved = (self.current_op, self.sym_cache)
+        saved = (self.current_op, self.sym_cache, self.current_unit)
         self.current_op, self.sym_cache = node, {}
+        self.current_unit = self.producer.get(node, self.current_unit)
         try:
             self._prepare_symbols(node)
             return self._op_expr_inner(node)
         finally:
-            self.current_op, self.sym_cache = saved
+            self.current_op, self.sym_cache, self.current_unit = saved
 
     def _prepare_symbols(self, node):
         """Resolve the sizes this op needs before its arguments are rendered (a resolution may
@@ -510,8 +567,18 @@ class BodyRenderer:
         op's own arguments first, then the most recently computed arrays, then the inputs. An
         argument not yet named is given a name (a statement of its own) to be read from."""
         name = str(symbol)
+        planned = self.sym_source.get((self.current_unit.index, name)) if self.current_unit is not None else None
+        if planned is not None and planned in self.names and self.holder.get(self.names[planned]) is planned:
+            return f"{self.names[planned]}.shape[{self._dim_of(planned, name)}]"
         op = self.current_op
-        first = [a for a in (op.all_input_nodes if op is not None else []) if not cap.is_sym(a)]
+        first, todo = [], [a for a in (op.all_input_nodes if op is not None else []) if not cap.is_sym(a)]
+        while todo:  # the op's arguments, and the arrays inside the ones written inline
+            a = todo.pop(0)
+            if a in first:
+                continue
+            first.append(a)
+            if a in self.inline and a in self.producer and a not in self.names:
+                todo += [b for b in self._used_by(self.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
         recent = [v for v in reversed(list(self.holder.values()))]
         for v in first + recent:
             if v in self.names and self.holder.get(self.names[v]) is v:
@@ -734,6 +801,11 @@ RESERVED = {"self", "jnp", "jax", "nnx", "lax", "np", "math", "None", "True", "F
             "global", "pass", "yield", "del", "try", "except", "finally", "raise", "assert", "break", "continue",
             "input", "type", "len", "max", "min", "sum", "abs", "int", "float", "bool", "list", "tuple", "dict",
             "range", "print", "id", "hash", "iter", "next", "map", "filter", "zip", "round", "pow", "all", "any"}
+RESERVED |= {n for n in dir(__import__("builtins")) if not n.startswith("_")}
+RESERVED |= {"conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool",
+             "interpolate_nearest", "interpolate_linear", "layer_norm", "group_norm", "scaled_dot_product_attention",
+             "pixel_shuffle", "nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+             "read_safetensors", "load", "json", "os", "Buffer", "TorchModule"}
 
 
 def _safe_name(name: str) -> str:

@@ -188,6 +188,7 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
     names = _input_names(m, args, kwargs, len(user_inputs))
     buffer_updates = functionalize(graph, placeholders)
     _drop_pass_through(graph)
+    _eliminate_dead_code(graph, set(buffer_updates.values()))
     output = next(n for n in graph.nodes if n.op == "output")
     outputs = list(output.args[0])
     root = build_frames(graph, m)
@@ -210,9 +211,12 @@ def _placeholders(program):
             out[node] = Placeholder("constant", spec.target, False, program.constants[spec.target])
         elif kind == "USER_INPUT":
             val = node.meta.get("val")
-            if not hasattr(val, "shape"):
-                raise TranslateError(f"input {node.name!r} is not a tensor ({type(val).__name__}); "
-                                     "pass tensors, or fix other arguments inside a wrapper module")
+            if not hasattr(val, "shape"):  # a Python value (use_cache=False): fixed at its example value
+                if node.users:
+                    raise TranslateError(f"input {node.name!r} is a {type(val).__name__} the forward computes with; "
+                                         "pass tensors, or fix it inside a wrapper module")
+                out[node] = Placeholder("literal", None, value=val)
+                continue
             out[node] = Placeholder("input", None, index=len(inputs))
             inputs.append(node)
         else:
@@ -360,6 +364,18 @@ def _drop_pass_through(graph):
     for node in list(graph.nodes):  # sym nodes feeding only dropped asserts
         if node.op == "call_function" and not node.users and _is_sym(node):
             graph.erase_node(node)
+
+
+def _eliminate_dead_code(graph, keep: set):
+    """Remove ops nobody reads (export keeps some, e.g. from mask-building helpers); the new
+    values of updated buffers are kept."""
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(list(graph.nodes)):
+            if node.op == "call_function" and not node.users and node not in keep:
+                graph.erase_node(node)
+                changed = True
 
 
 def _same_dtype_and_layout(node) -> bool:

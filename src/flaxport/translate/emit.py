@@ -66,7 +66,9 @@ def _fill(line, cdef, part, li) -> str:
     def sub(m):
         si = int(m.group(1))
         param = cdef.positions.get((part, li, si))
-        return param if param is not None else _value_text(line.slots[si][0])
+        if param is not None:
+            return f"self.{param}" if part == "call" else param
+        return _value_text(line.slots[si][0])
 
     return _MARK.sub(sub, line.text)
 
@@ -80,7 +82,8 @@ def class_source(cdef) -> str:
     out = [f"class {cdef.name}({cdef.base}):", f'    """torch: {torch_name} ({where})."""', ""]
     params = ", ".join(cdef.params + ["*", "rngs: nnx.Rngs"])
     out.append(f"    def __init__(self, {params}):")
-    init = [_fill(line, cdef, "init", li) for li, line in enumerate(inst.init)]
+    kept = [p for p in cdef.params if any(cdef.positions.get(pos) == p for pos in cdef.positions if pos[0] == "call")]
+    init = [f"self.{p} = {p}" for p in kept] + [_fill(line, cdef, "init", li) for li, line in enumerate(inst.init)]
     if not init:
         init = ["del rngs  # no parameters"]
     out += ["        " + text for text in init]

@@ -267,6 +267,8 @@ def _interpret(capture, args, kwargs) -> dict:
             values.append(buffers[ph.target].detach().clone())
         elif ph.kind == "constant":
             values.append(ph.value.clone() if torch.is_tensor(ph.value) else ph.value)
+        elif ph.kind == "literal":
+            values.append(ph.value)
         else:
             values.append(flat_inputs[ph.index])
     env = {}

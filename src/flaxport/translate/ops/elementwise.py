@@ -11,12 +11,20 @@ def _alpha(c, other: Expr) -> Expr:
 
 @op("aten.add.Tensor", "aten.add.Scalar")
 def add(c, node):
+    if _is_zero(c.raw("other")) and not c.is_float("self"):
+        return c.x("self")  # `+ 0` on integers (offsets such as past_key_values_length)
     return binary(c, c.x("self"), "+", _alpha(c, c.x("other")), ADD)
 
 
 @op("aten.sub.Tensor", "aten.sub.Scalar")
 def sub(c, node):
+    if _is_zero(c.raw("other")) and not c.is_float("self"):
+        return c.x("self")
     return binary(c, c.x("self"), "-", _alpha(c, c.x("other")), ADD)
+
+
+def _is_zero(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v == 0
 
 
 @op("aten.rsub.Tensor", "aten.rsub.Scalar")

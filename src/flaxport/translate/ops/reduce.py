@@ -135,3 +135,10 @@ def topk(c, node):
     if dim != ndim - 1 or not largest:
         raise Unsupported("topk over another dim than the last, or smallest")
     return call("lax.top_k", c.x("self"), c.lit(c.raw("k"), "k"))
+
+
+@op("aten.diff.default")
+def diff(c, node):
+    n = c.raw("n") if c.has("n") else 1
+    return call("jnp.diff", c.x("self"), n=c.lit(n, "n") if n != 1 else None, axis=c.dim("dim"),
+                prepend=c.x("prepend") if c.has("prepend") else None, append=c.x("append") if c.has("append") else None)
