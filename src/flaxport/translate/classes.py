@@ -253,7 +253,9 @@ def _dtype_suffix(t) -> str:
     from flaxport.translate.body import JNP_DTYPES
 
     name = str(t.dtype).split(".")[-1]
-    return "" if name == "float32" else f", {JNP_DTYPES.get(name, 'jnp.' + name)}"
+    # floats: the default (float32); the loaded value brings its own dtype (a float64 constant stays one
+    # under jax x64), and asking for float64 without x64 only warns
+    return "" if name in ("float32", "float64") else f", {JNP_DTYPES.get(name, 'jnp.' + name)}"
 
 
 # --------------------------------------------------------------------------- classes
@@ -376,10 +378,12 @@ def _parameters(cdef: ClassDef):
             continue
         hv = tuple(map(_hashable, vec))
         if hv not in by_vector:
-            hints = [getattr(insts[0], p)[l].slots[k][1] for (p, l, k) in positions
+            hints = [getattr(insts[0], p)[l].slots[k][1] or "value" for (p, l, k) in positions
                      if tuple(map(_hashable, vectors[(p, l, k)])) == hv]
-            hint = min(hints, key=lambda h: HINT_ORDER.index(h) if h in HINT_ORDER else len(HINT_ORDER)) or "value"
-            name = attr_vectors.get(hv) or _safe_name(hint)
+            ranked = sorted(set(hints), key=lambda h: (-hints.count(h), HINT_ORDER.index(h) if h in HINT_ORDER
+                                                       else len(HINT_ORDER), h))
+            free = [h for h in ranked if _safe_name(h) not in names]
+            name = attr_vectors.get(hv) or _safe_name(free[0] if free else ranked[0])
             base, k = name, 1
             while name in names:
                 k += 1

@@ -252,6 +252,8 @@ class Plan:
         ph = capture.placeholders[node]
         if ph.kind in ("param", "buffer"):
             return ph.target
+        if node.name not in self._const_names:
+            self._name_constant(capture, node)
         return self._const_names[node.name]
 
     def placeholder_owner(self, capture, node) -> str:
@@ -355,10 +357,20 @@ class Plan:
     def dtype_reference(self, body, node) -> str | None:
         """`x.dtype` for a float cast that follows the compute dtype (float32 here, float64 in
         the float64 capture), with x a named float value in scope that follows it too."""
-        twin = self._f64_by_name.get(node.name)
-        val, twin_val = node.meta.get("val"), twin.meta.get("val") if twin is not None else None
-        if twin_val is None or not hasattr(val, "dtype") or str(twin_val.dtype) == str(val.dtype):
+        if self.f64 is None:
             return None
+        twin = self._f64_by_name.get(node.name)
+        val = node.meta.get("val")
+        if twin is None:
+            # dropped from the float64 capture as a cast to the dtype it already had: it follows
+            import torch
+
+            twin_dtype = torch.float64 if str(getattr(val, "dtype", "")) == "torch.float32" else None
+        else:
+            twin_dtype = getattr(twin.meta.get("val"), "dtype", None)
+        if twin_dtype is None or not hasattr(val, "dtype") or str(twin_dtype) == str(val.dtype):
+            return None
+        twin_val = type("V", (), {"dtype": twin_dtype})
         for v in list(body.inputs) + list(body.names):
             if isinstance(v, str) or v not in body.names:
                 continue

@@ -6,8 +6,15 @@ from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, metho
 
 
 def _reshape(c, node):
-    shape = c.size("size" if c.has("size") else "shape", bare=True)
-    return method(c.x("self"), "reshape", shape)
+    sizes = list(c.raw("size" if c.has("size") else "shape"))
+    x = c.x("self")
+    lead = c.static(c.val("self").shape[0]) if c.val("self").ndim else None
+    if sizes and isinstance(sizes[0], int) and sizes[0] == lead and lead not in (None, -1, 1) and x.prec == 100 \
+            and x.text.isidentifier():
+        # export fixed the batch size (len(x) or x.size(0) made it a Python int): keep it x.shape[0]
+        return method(x, "reshape", Expr(", ".join([f"{x.text}.shape[0]", c.size(sizes[1:], bare=True).text])
+                                         if len(sizes) > 1 else f"{x.text}.shape[0]"))
+    return method(x, "reshape", c.size(sizes, bare=True))
 
 
 op("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.view_copy.default")(_reshape)
