@@ -36,8 +36,10 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
     """
     import torch
 
-    if layout not in ("nchw",):
-        raise TranslateError(f"--layout {layout!r}: only 'nchw' (torch's layout) is available")
+    if layout not in ("nchw", "nhwc"):
+        raise TranslateError(f"layout {layout!r}: choose 'nchw' (torch's layout) or 'nhwc'")
+    if layout == "nhwc":
+        raise TranslateError("layout 'nhwc' is not available yet; translate with torch's layout (nchw)")
     kwargs = {**(example_kwargs or {}), **kwargs}
     args = tuple(example_args)
     if not isinstance(module, torch.nn.Module):
