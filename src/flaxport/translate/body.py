@@ -771,11 +771,6 @@ class OpContext:
         self.body.synth[attr] = constructor
         return Expr(f"self.{attr}")
 
-    def dropout_rng(self) -> Expr:
-        attr = self.body.plan.synth_name(self.body.frame, self.node, "dropout_rngs")
-        self.body.synth[attr] = "rngs.dropout.fork()"
-        return Expr(f"self.{attr}()")
-
 
 def _normalize(node) -> dict:
     """Schema argument name -> value (positional and keyword), defaults filled."""

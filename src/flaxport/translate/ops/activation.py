@@ -85,12 +85,6 @@ def softplus(c, node):
     return call("jnp.where", Expr(f"{scaled.at(9)} > {c.lit(threshold, 'threshold')}", 8), x, soft)
 
 
-@op("aten.softsign.default")
-def softsign(c, node):
-    x = c.x("self")
-    return binary(c, x, "/", binary(c, Expr("1"), "+", call("jnp.abs", x), ADD), MUL)
-
-
 @op("aten.log_sigmoid.default", "aten.log_sigmoid_forward.default")
 def log_sigmoid(c, node):
     return call("jax.nn.log_sigmoid", c.x("self"))

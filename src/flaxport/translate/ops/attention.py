@@ -1,7 +1,7 @@
 """torch's scaled_dot_product_attention (math form: masks, causal, scale, grouped-query, dropout)."""
 from __future__ import annotations
 
-from flaxport.translate.ops import TERNARY, Expr, call, op
+from flaxport.translate.ops import call, op
 
 
 @op("aten.scaled_dot_product_attention.default")
@@ -11,13 +11,9 @@ def scaled_dot_product_attention(c, node):
     kwargs = {}
     if c.has("attn_mask"):
         kwargs["attn_mask"] = c.x("attn_mask")
-    if p or p_other:
-        if p != p_other and c.mode in ("eval", "train"):  # `dropout_p=p if self.training else 0.0`
-            train_p, eval_p = (p, p_other) if c.mode == "train" else (p_other, p)
-            kwargs["dropout_p"] = Expr(f"{c.lit(train_p, 'dropout_p')} if {c.training()} else {eval_p!r}", TERNARY)
-        else:
-            kwargs["dropout_p"] = c.lit(p, "dropout_p")
-        kwargs["dropout_rng"] = c.dropout_rng()
+    if p or p_other:  # torch's `dropout_p=p if self.training else 0.0`: an nnx.Dropout, off in eval mode
+        rate = p or p_other
+        kwargs["dropout"] = c.submodule("attention_dropout", f"nnx.Dropout({rate!r}, rngs=rngs)")
     if c.has("is_causal") and c.raw("is_causal"):
         kwargs["is_causal"] = "True"
     if c.has("scale") and c.raw("scale") is not None:

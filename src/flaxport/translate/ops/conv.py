@@ -132,11 +132,6 @@ def upsample_linear(c, node):
     return call(c.helper("interpolate_linear"), c.x("input"), **sizes, align_corners="True" if align else None)
 
 
-@op("aten.upsample_bicubic2d.vec")
-def upsample_bicubic(c, node):
-    raise Unsupported("bicubic interpolation")
-
-
 @op("aten.pixel_shuffle.default")
 def pixel_shuffle(c, node):
     return call(c.helper("pixel_shuffle"), c.x("self"), c.lit(c.raw("upscale_factor"), "upscale_factor"))

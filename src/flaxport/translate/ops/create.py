@@ -84,7 +84,7 @@ def dropout(c, node):
     rate = p if p and train else p_other
     ndim = c.val("input").ndim
     broadcast = f", broadcast_dims={tuple(range(2, ndim))!r}" if "feature" in str(node.target) and ndim > 2 else ""
-    module = c.submodule("dropout", f"nnx.Dropout({c.lit(rate, 'p')}{broadcast}, rngs=rngs)")
+    module = c.submodule("dropout", f"nnx.Dropout({rate!r}{broadcast}, rngs=rngs)")
     return call(module.text, c.x("input"))
 
 

@@ -204,11 +204,6 @@ def bitwise_xor(c, node):
     return Expr(f"{c.x('self').at(ATOM - 1)} ^ {c.x('other').at(ATOM - 1)}", 10)
 
 
-@op("aten.__not__.default")
-def not_(c, node):
-    return Expr(f"not {c.x('self').at(NOT)}", NOT)
-
-
 @op("aten.lerp.Scalar", "aten.lerp.Tensor")
 def lerp(c, node):
     a, b = c.x("self"), c.x("end")
@@ -262,11 +257,6 @@ def copy(c, node):
     if tuple(c.val("src").shape) != tuple(c.val("self").shape):
         src = call("jnp.broadcast_to", src, Expr(f"{c.x('self').at(ATOM)}.shape"))
     return src
-
-
-@op("aten.bitwise_left_shift.Tensor", "aten.bitwise_right_shift.Tensor")
-def shifts(c, node):
-    raise Unsupported("bit shifts")
 
 
 _ = (AND, call)

@@ -18,7 +18,7 @@ def matmul(c, node):
 @op("aten.addmm.default", "aten.baddbmm.default", "aten.addbmm.default")
 def addmm(c, node):
     prod = binary(c, c.x("mat1" if c.has("mat1") else "batch1"), "@", c.x("mat2" if c.has("mat2") else "batch2"), MUL)
-    if "addbmm" in str(node.target):
+    if ".addbmm." in str(node.target):
         prod = call("jnp.sum", prod, axis=0)
     beta, alpha = (c.raw(k) if c.has(k) else 1 for k in ("beta", "alpha"))
     if alpha != 1:
@@ -35,7 +35,8 @@ def einsum(c, node):
 
 @op("aten.dot.default", "aten.vdot.default", "aten.mv.default")
 def dot(c, node):
-    return binary(c, c.x("self"), "@", c.x("vec" if c.has("vec") else "tensor"), MUL)
+    other = next(k for k in ("vec", "tensor", "other") if c.has(k))
+    return binary(c, c.x("self"), "@", c.x(other), MUL)
 
 
 @op("aten.outer.default", "aten.ger.default")

@@ -130,7 +130,7 @@ def sort(c, node):
 @op("aten.topk.default")
 def topk(c, node):
     ndim = c.val("self").ndim
-    dim = c.dim("dim") if c.has("dim") else ndim - 1
+    dim = c.dim("dim", ndim) if c.has("dim") else ndim - 1
     largest = c.raw("largest") if c.has("largest") else True
     if dim != ndim - 1 or not largest:
         raise Unsupported("topk over another dim than the last, or smallest")

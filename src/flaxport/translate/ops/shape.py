@@ -46,7 +46,7 @@ def permute(c, node):
 @op("aten.transpose.int", "aten.swapaxes.default")
 def transpose(c, node):
     ndim = c.val("self").ndim
-    a, b = c.dim("dim0", ndim), c.dim("dim1", ndim)
+    a, b = (c.dim("dim0", ndim), c.dim("dim1", ndim)) if c.has("dim0") else (c.dim("axis0", ndim), c.dim("axis1", ndim))
     if ndim == 2 and {a, b} == {0, 1}:
         return Expr(f"{c.x('self').at(ATOM)}.T")
     return call("jnp.swapaxes", c.x("self"), a, b)
@@ -224,11 +224,6 @@ def slice_scatter(c, node):
     return Expr(f"{c.x('self').at(ATOM)}.at{where}.set({c.x('src')})")
 
 
-@op("aten.scatter.src", "aten.scatter.value")
-def scatter(c, node):
-    raise Unsupported("scatter (write the update with .at[] indexing)")
-
-
 @op("aten.flip.default")
 def flip(c, node):
     ndim = c.val("self").ndim
@@ -282,7 +277,6 @@ def _pad_mode(mode):
 for _n in (1, 2, 3):
     op(f"aten.reflection_pad{_n}d.default")(_pad_mode("reflect"))
     op(f"aten.replication_pad{_n}d.default")(_pad_mode("edge"))
-    op(f"aten.circular_pad{_n}d.default")(_pad_mode("wrap"))
 
 
 @op("aten.detach.default")

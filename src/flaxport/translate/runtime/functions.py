@@ -212,12 +212,13 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     return y if bias is None else y + bias.reshape(channel)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, dropout_rng=None):
+def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                                 dropout=None):
     """torch's F.scaled_dot_product_attention: (..., L, E) x (..., S, E) -> (..., L, Ev).
 
     A boolean mask keeps where True; a float mask is added to the scores; is_causal keeps
-    the lower triangle. Dropout on the attention weights needs `dropout_rng`.
+    the lower triangle. `dropout` (an nnx.Dropout, off in eval mode) drops attention weights
+    where torch's dropout_p does.
     """
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if enable_gqa:
@@ -230,9 +231,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == bool else scores + attn_mask
     weights = jax.nn.softmax(scores, axis=-1)
-    if dropout_p > 0.0 and dropout_rng is not None:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_p, weights.shape)
-        weights = jnp.where(keep, weights / (1.0 - dropout_p), 0.0)
+    if dropout is not None:
+        weights = dropout(weights)
     return weights @ value
 
 
