@@ -12,6 +12,7 @@ Small widths and resolutions so a translation and its float64 proof take seconds
   unet           GroupNorm, SiLU, nearest and bilinear F.interpolate, ConvTranspose2d,
                  torch.cat skips                                                        (2, 3, 16, 16)
 """
+import functools
 import math
 
 import torch
@@ -254,9 +255,13 @@ def randomize_batchnorm(module, seed=0):
 
 
 def make(name, seed=0):
-    """(module in eval mode, example inputs tuple) for a zoo name."""
+    """(module in eval mode, example inputs tuple) for a zoo, workload or HF name."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed + 1)
+    if name in WORKLOADS:
+        return _workload(name, g)
+    if name in HF:
+        return _hf(name, g)
     if name == "resnet18":
         return randomize_batchnorm(resnet18()).eval(), (torch.randn(2, 3, 32, 32, generator=g),)
     if name == "mobilenet":
@@ -270,4 +275,59 @@ def make(name, seed=0):
     raise KeyError(name)
 
 
+def _workload(name, g):
+    """The workloads' own torch twins (gan G and D, cnn, vae, ddim UNet at its smoke size)."""
+    if name in ("gan_g", "gan_d"):
+        from flaxport.workloads.gan import config, model_torch
+
+        c = config.get_config("default")
+        m = model_torch.generator(c) if name == "gan_g" else model_torch.discriminator(c)
+        return randomize_batchnorm(m).eval(), (torch.randn(8, c.z_dim if name == "gan_g" else 1, generator=g),)
+    if name == "cnn":
+        from flaxport.workloads.cnn import config, model_torch
+
+        c = config.get_config("default")
+        return randomize_batchnorm(model_torch.CNN(c)).eval(), (torch.rand(4, 3, 32, 32, generator=g),)
+    if name == "vae":
+        from flaxport.workloads.vae import config, model_torch
+
+        c = config.get_config("default")
+        return model_torch.VAE(c).eval(), (torch.rand(4, c.image_size ** 2, generator=g),
+                                           torch.randn(4, c.latents, generator=g))
+    from flaxport.workloads.ddim import config, model_torch
+
+    c = config.get_config("smoke")
+    m = model_torch.UNet(c)
+    torch.nn.init.normal_(m.head.weight, generator=g)  # keras zero-initialises the head
+    return randomize_batchnorm(m).eval(), (torch.randn(2, 3, 16, 16, generator=g), torch.rand(2, 1, 1, 1, generator=g))
+
+
+def _hf(name, g):
+    """HuggingFace models from tiny configs with random weights."""
+    import transformers
+
+    if name == "bert":
+        cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=32, max_position_embeddings=32)
+        return transformers.BertModel(cfg).eval(), (torch.randint(0, 50, (2, 7), generator=g),)
+    if name == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2, n_positions=32, use_cache=False,
+                                      bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2Model(cfg).eval(), (torch.randint(0, 50, (2, 7), generator=g),)
+    cfg = transformers.ViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                                 image_size=16, patch_size=4, num_channels=3)
+    return transformers.ViTModel(cfg).eval(), (torch.randn(2, 3, 16, 16, generator=g),)
+
+
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
+WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
+HF = ("bert", "gpt2", "vit")
+
+
+@functools.lru_cache(maxsize=None)
+def translated(name):
+    """(module, inputs, Translation) for a name, translated once per test process."""
+    from flaxport.translate import translate
+
+    module, inputs = make(name)
+    return module, inputs, translate(module, *inputs)

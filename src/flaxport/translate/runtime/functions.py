@@ -62,9 +62,10 @@ def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False
     padding, dilation = _tuple(padding, n), _tuple(dilation, n)
     pads = [(p, p + _ceil_extra(size, k, s, p, d, ceil_mode))
             for size, k, s, p, d in zip(x.shape[-n:], kernel_size, stride, padding, dilation)]
-    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    # a NumPy init value: concrete under jit too, so JAX sees a max-pool it can differentiate
+    lowest = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min, x.dtype)
     lead = x.ndim - n
-    return lax.reduce_window(x, jnp.array(lowest, x.dtype), lax.max, (1,) * lead + tuple(kernel_size),
+    return lax.reduce_window(x, lowest, lax.max, (1,) * lead + tuple(kernel_size),
                              (1,) * lead + stride, [(0, 0)] * lead + pads, window_dilation=(1,) * lead + dilation)
 
 
@@ -81,7 +82,7 @@ def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_incl
     lead = x.ndim - n
     window, strides = (1,) * lead + tuple(kernel_size), (1,) * lead + stride
     pads = [(0, 0)] * lead + [(p, p + e) for p, e in zip(padding, extras)]
-    total = lax.reduce_window(x, jnp.array(0, x.dtype), lax.add, window, strides, pads)
+    total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, window, strides, pads)
     if divisor_override:
         return total / divisor_override
     # The divisor of every window, from a ones-array the size of what it may count.
