@@ -16,11 +16,14 @@ dimension (or refuses dynamic shapes) it is a literal. Then:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
+import io
 import operator
 import re
+import warnings
 
 from flaxport.translate.errors import ExportError, TranslateError
 
@@ -114,8 +117,31 @@ class Capture:
 
 
 # --------------------------------------------------------------------------- export
+@contextlib.contextmanager
+def _quiet():
+    """torch.export prints graphs and logs warnings (0/1 specialisation, guards) while it
+    tries: the user gets translate's own one-line messages instead."""
+    import logging
+
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def export_program(module, args, kwargs, *, dynamic: bool = True):
     """(ExportedProgram, dynamic?) of module(*args, **kwargs); symbolic sizes where export allows."""
+    with _quiet():
+        return _export_program(module, args, kwargs, dynamic=dynamic)
+
+
+def _export_program(module, args, kwargs, *, dynamic: bool = True):
     import torch
     from torch.export import Dim, export
 
@@ -177,6 +203,12 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
 
     kwargs = dict(kwargs or {})
     m = copy.deepcopy(module).train(train)
+    if train:
+        for sub in m.modules():
+            # BatchNorm(momentum=None) reads float(num_batches_tracked) in train mode, which export
+            # cannot capture; its layer class takes momentum from the torch module, not the graph
+            if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.momentum is None:
+                sub.momentum = 0.1
     if dtype is not None:
         m = m.to(dtype)
         args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)

@@ -25,7 +25,8 @@ def write_safetensors(path, arrays: dict, metadata: dict | None = None) -> None:
     """{name: NumPy array} (C order) -> a .safetensors file; metadata values must be strings."""
     header, offset, blobs = {}, 0, []
     for name, a in arrays.items():
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a)
+        a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
         if a.dtype not in _DTYPES:
             raise ValueError(f"{name}: dtype {a.dtype} cannot be written to safetensors")
         blob = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
