@@ -201,3 +201,31 @@ def test_cnn_translation_matches_the_hand_written_flax_cnn():
     hand = model.cnn(cfg).apply(variables, jnp.asarray(inputs[0].numpy().transpose(0, 2, 3, 1)), train=False)
     ours = t.model(jnp.asarray(inputs[0].numpy()))
     np.testing.assert_allclose(np.asarray(ours), np.asarray(hand), rtol=1e-5, atol=1e-5)
+
+
+def test_translate_function_carries_a_torch_loss_into_jax():
+    """F.cross_entropy with label smoothing and ignore_index, and F.mse_loss(reduction='sum'):
+    values and gradients equal torch's in float64, under jax.jit; other batch sizes work."""
+    import jax
+    import jax.numpy as jnp
+    import torch.nn.functional as F
+
+    from flaxport.translate import translate_function
+
+    g = torch.Generator().manual_seed(3)
+    logits, targets = torch.randn(6, 5, generator=g), torch.tensor([0, 1, -100, 3, 4, 1])
+    ce = translate_function(F.cross_entropy, logits, targets, label_smoothing=0.1)
+    mse = translate_function(F.mse_loss, logits, torch.randn(6, 5, generator=g), reduction="sum")
+    assert ce.report.ok and mse.report.ok
+    assert "def cross_entropy_jax(input, target):" in ce.source and "import torch" not in ce.source
+    x = torch.randn(9, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 5, (9,), generator=g)
+    F.cross_entropy(x, y, label_smoothing=0.1).backward()
+    with jax.enable_x64(True):
+        xj = jnp.asarray(x.detach().numpy())
+        value, grad = jax.jit(jax.value_and_grad(lambda a: ce(a, jnp.asarray(y.numpy()))))(xj)
+        np.testing.assert_allclose(float(value), F.cross_entropy(x, y, label_smoothing=0.1).item(), rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(grad), x.grad.numpy(), rtol=1e-10, atol=1e-14)
+        b = torch.randn(9, 5, generator=g, dtype=torch.float64)
+        np.testing.assert_allclose(float(mse(xj, jnp.asarray(b.numpy()))),
+                                   F.mse_loss(x.detach(), b, reduction="sum").item(), rtol=1e-12)

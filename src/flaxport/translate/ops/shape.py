@@ -311,3 +311,8 @@ def one_hot(c, node):
     if classes is None or classes < 0:
         raise Unsupported("one_hot without num_classes")
     return method(call("jax.nn.one_hot", c.x("self"), c.lit(classes, "num_classes")), "astype", c.dtype(c.out.dtype))
+
+
+@op("aten.broadcast_tensors.default")
+def broadcast_tensors(c, node):
+    return call("jnp.broadcast_arrays", *[c.x_item("tensors", i) for i in range(len(c.raw("tensors")))])
