@@ -229,3 +229,26 @@ def test_translate_function_carries_a_torch_loss_into_jax():
         b = torch.randn(9, 5, generator=g, dtype=torch.float64)
         np.testing.assert_allclose(float(mse(xj, jnp.asarray(b.numpy()))),
                                    F.mse_loss(x.detach(), b, reduction="sum").item(), rtol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["cnn", "unet", "mobilenet"])
+def test_layout_nhwc_keeps_image_values_channels_last_and_passes(name):
+    """--layout nhwc: convs, norms, pools, resampling, concatenation and elementwise ops on
+    (N, H, W, C); transposes only where another op reads a value (the flatten before a
+    Linear) and at the model's inputs and outputs, which stay in torch's layout."""
+    import jax.numpy as jnp
+
+    from flaxport.translate import translate
+
+    module, inputs = zoo.make(name)
+    t = translate(module, *inputs, layout="nhwc")
+    assert t.report.ok and t.report.precision == "float64", str(t.report)
+    assert "channels_last=True" in t.source
+    src = t.source[t.source.index(f"class {t.class_names[0]}("):]
+    assert src.count(".transpose(0, 2, 3, 1)") <= 2 and src.count(".transpose(0, 3, 1, 2)") <= 2
+    other = _resized(inputs, name)
+    got = _outputs(t.model, *[jnp.asarray(x.numpy()) for x in other])
+    want = _torch_outputs(module.eval(), *other)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())))

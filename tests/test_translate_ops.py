@@ -258,6 +258,7 @@ CASES += [
     ("numpy_T", aten.numpy_T.default, (r(2, 3),), {}),
     ("movedim", aten.movedim.int, (r(2, 3, 4), 0, -1), {}),
     ("expand_as", aten.expand_as.default, (r(3, 1), r(2, 3, 4)), {}),
+    ("broadcast_tensors", aten.broadcast_tensors.default, ([r(3, 1), r(2, 1, 4)],), {}),
     ("expand_copy", aten.expand_copy.default, (r(3, 1), [3, 5]), {}),
     ("repeat_interleave", aten.repeat_interleave.self_int, (r(2, 3), 2, 1), {}),
     ("concat", aten.concat.default, ([r(2, 3), r(1, 3)],), {}),

@@ -431,6 +431,17 @@ class BodyRenderer:
             if v in self.names:
                 self.holder[self.names[v]] = v
 
+    def value_as(self, v, want) -> Expr:
+        """value(v) in layout `want` (a transpose where v is kept in the other layout)."""
+        from flaxport.translate import layout as lay
+
+        e = self.value(v)
+        have = self.plan.layout_of(self.capture, v)
+        if have == want:
+            return e
+        perm = lay.TO_TORCH if want == lay.TORCH else lay.TO_LAST
+        return Expr(f"{e.at(ATOM)}.transpose{perm}")
+
     def _destructure(self, spec, u) -> str:
         by_index = {v.args[1]: self.names[v] for v in u.outputs}
         top: dict = {}
@@ -484,7 +495,8 @@ class BodyRenderer:
         args = []
         saved, self.current_unit = self.current_unit, u
         for v in inputs:
-            args.append(self.sym_expr(v).text if isinstance(v, str) else self.value(v).text)
+            args.append(self.sym_expr(v).text if isinstance(v, str) else
+                        self.value_as(v, self.plan.call_wanted(self.capture, u.frame, v)).text)
         self.current_unit = saved
         attr = self.plan.attr_expr(self.path, u.frame.path)
         return Expr(f"{attr}({', '.join(args)})")
@@ -538,7 +550,7 @@ class BodyRenderer:
 
     def _return(self, outputs) -> str:
         if self.frame.parent is None and self.plan.root_structure is not None:
-            return "return " + self.plan.root_structure(self.capture, lambda v: self.value(v).text)
+            return "return " + self.plan.root_structure(self.capture, lambda v: self.value_as(v, "torch").text)
         if not outputs:
             return "return None"
         texts = [self.value(v).text for v in outputs]
@@ -597,12 +609,14 @@ class BodyRenderer:
                 return f"{self.names[v]}.shape[{self._dim_of(v, name)}]"
         return self.plan.need_symbol(self.frame, name)
 
-    @staticmethod
-    def _dim_of(v, name):
+    def _dim_of(self, v, name):
+        """The axis of v's array holding size symbol `name` (its layout considered)."""
+        from flaxport.translate import layout as lay
+
         val = v.meta.get("val") if hasattr(v, "meta") else None
         for d, s in enumerate(getattr(val, "shape", ()) or ()):
             if hasattr(s, "node") and str(s.node.expr) == name:
-                return d
+                return lay.to_layout_dim(d) if self.plan.layout_of(self.capture, v) == lay.LAST else d
         return None
 
 
@@ -665,8 +679,8 @@ class OpContext:
 
         if v is None:
             return Expr("None")
-        if hasattr(v, "op"):  # an fx node
-            return self.body.value(v)
+        if hasattr(v, "op"):  # an fx node, in the layout this op reads it in
+            return self.body.value_as(v, self.body.plan.wanted(self.body.capture, self.node, v))
         if isinstance(v, bool):
             return Expr(repr(v))
         if isinstance(v, (int, float)):
@@ -681,6 +695,22 @@ class OpContext:
         if isinstance(v, (torch.device, torch.layout, torch.memory_format)):
             return Expr("None")
         raise Unsupported(f"an argument of type {type(v).__name__}")
+
+    @property
+    def channels_last(self) -> bool:
+        """Does this op compute channels-last (--layout nhwc)?"""
+        return self.body.plan.layout_of(self.body.capture, self.node) == "last"
+
+    def layout_dim(self, dim: int, arg: str = "self") -> int:
+        """torch's dim `dim` of argument `arg`, as an axis of the array the op receives."""
+        from flaxport.translate import layout as lay
+
+        v = self.args.get(arg)
+        ndim = v.meta["val"].ndim if hasattr(v, "meta") else 1
+        d = dim % max(ndim, 1)
+        if hasattr(v, "meta") and self.body.plan.wanted(self.body.capture, self.node, v) == lay.LAST:
+            return lay.to_layout_dim(d, ndim)
+        return d
 
     def lit(self, value, hint=None) -> Expr:
         if isinstance(value, float) and not math.isfinite(value):

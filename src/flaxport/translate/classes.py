@@ -139,6 +139,8 @@ def layer_constructor(plan, path) -> list:
             parts.append((value, name))
         else:
             parts += [f"{name}=", (value, name)]
+    if plan.layer_channels_last(path):
+        parts.append(", channels_last=True")
     if spec.runtime == "nnx.Dropout":
         broadcast = layer_table.dropout_broadcast(module)
         if broadcast:

@@ -78,8 +78,9 @@ class ClassDef:
 
 
 class Plan:
-    def __init__(self, module, captures: dict, f64=None):
+    def __init__(self, module, captures: dict, f64=None, layout: str = "nchw"):
         self.module = module
+        self.layout_mode = layout
         self.captures = captures  # mode -> Capture, the module's own mode first
         self.f64 = f64
         self.modules = dict(module.named_modules())
@@ -104,6 +105,9 @@ class Plan:
         self.lambdas: dict = {}  # path -> function text for inline modules inside nn.Sequential
         self.root_structure = self._root_structure
         self._decide_kinds()
+        self.layouts = {mode: {} for mode in captures}
+        if layout == "nhwc":
+            self._assign_layouts()
 
     # ------------------------------------------------------------------ kinds
     def _decide_kinds(self):
@@ -148,6 +152,87 @@ class Plan:
         """Does the forward use this module (or something inside it, or its parameters)?"""
         prefix = path + "." if path else ""
         return any(p == path or p.startswith(prefix) for p in list(self.frames_by_path) + list(self._read))
+
+    # ------------------------------------------------------------------ layouts (--layout nhwc)
+    def _assign_layouts(self):
+        from flaxport.translate import layout as lay
+
+        for mode, c in self.captures.items():
+            forced: set = set()
+            for _ in range(8):
+                self.layouts[mode] = lay.assign(c, frozenset(forced))
+                blocked = self._sequential_conflicts(c)
+                if not blocked - forced:
+                    break
+                forced |= blocked
+
+    def _sequential_conflicts(self, capture) -> set:
+        """Native nodes of layers inside nn.Sequential that would receive the other layout from the
+        element before them (nnx.Sequential passes values on as they are)."""
+        out = set()
+        for frame in capture.root.walk():
+            if self._kinds.get(frame.path) != "sequential":
+                continue
+            children = frame.children
+            for prev, cur in zip(children, children[1:]):
+                arrive = [self.layout_of(capture, v) for v in self.io(prev)[1]]
+                for v in self.io(cur)[0]:
+                    if isinstance(v, str):
+                        continue
+                    want = self.call_wanted(capture, cur, v)
+                    if arrive and want != arrive[0]:
+                        out |= self._native_nodes(cur)
+        return out
+
+    def _native_nodes(self, frame) -> set:
+        from flaxport.translate import layout as lay
+
+        return {n for n in frame.all_nodes() if str(n.target) in lay.NATIVE}
+
+    def layout_of(self, capture, node) -> str:
+        from flaxport.translate import layout as lay
+
+        return self.layouts.get(capture.mode, {}).get(node, lay.TORCH) if capture.mode in self.layouts else lay.TORCH
+
+    def layout_by_name(self, name: str) -> str:
+        from flaxport.translate import layout as lay
+
+        for mode, layouts in self.layouts.items():
+            for node, value in layouts.items():
+                if node.name == name:
+                    return value
+        return lay.TORCH
+
+    def wanted(self, capture, node, arg) -> str:
+        from flaxport.translate import layout as lay
+
+        if not self.layouts.get(capture.mode):
+            return lay.TORCH
+        return lay.wanted(node, arg, self.layouts[capture.mode])
+
+    def call_wanted(self, capture, frame, arg) -> str:
+        """The layout a call of `frame` takes `arg` in: a layer reads it as its first op that uses it
+        does; an nn.Sequential as its first element does; a generated class as it comes."""
+        from flaxport.translate import layout as lay
+
+        if not self.layouts.get(capture.mode):
+            return lay.TORCH
+        kind = self._kinds.get(frame.path)
+        if kind == "layer":
+            user = next((n for n in frame.all_nodes() if arg in n.all_input_nodes), None)
+            return self.wanted(capture, user, arg) if user is not None else lay.TORCH
+        if kind == "sequential" and frame.children:
+            return self.call_wanted(capture, frame.children[0], arg)
+        return self.layout_of(capture, arg)
+
+    def layer_channels_last(self, path) -> bool:
+        from flaxport.translate import layout as lay
+
+        for mode, frame in self.frames_by_path.get(path, []):
+            for node in self._native_nodes(frame):
+                if self.layouts.get(mode, {}).get(node) == lay.LAST:
+                    return True
+        return False
 
     # ------------------------------------------------------------------ inputs and outputs
     def io(self, frame):

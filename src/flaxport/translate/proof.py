@@ -133,7 +133,10 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
             t_val = env.get(node.name)
             if t_val is None or i >= len(values) or values[i] is None:
                 continue
-            rows.append(_row("forward", name, flax_name, t_val, values[i], atol, rtol))
+            value = values[i]
+            if plan.layout_by_name(node.name) == "last":  # kept channels-last inside (--layout nhwc)
+                value = np.moveaxis(value, -1, 1)
+            rows.append(_row("forward", name, flax_name, t_val, value, atol, rtol))
     if len(torch_leaves) != len(jax_leaves):
         rows.append(Row("output", "output", "output", None, math.inf, math.inf, False,
                         f"torch returns {len(torch_leaves)} arrays, the translation {len(jax_leaves)}"))

@@ -23,7 +23,9 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
       `x.shape` in the generated code, so other sizes work too. Non-tensor arguments are
       fixed at their example values. `layout` and `check` are taken as options; pass a
       forward argument with one of those names through `example_kwargs={...}`.
-    layout: "nchw" keeps torch's layout; "nhwc" is not available yet.
+    layout: "nchw" keeps torch's layout throughout; "nhwc" keeps image values channels-last
+      inside (convolutions, normalisation, pooling, resampling, elementwise ops), with
+      transposes where another op reads them; inputs and outputs stay in torch's layout.
     check: run the proof (float64 per submodule boundary, float32 beside) into `t.report`.
 
     Both train and eval mode are captured (Python branches on `self.training` included),
@@ -38,8 +40,6 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
 
     if layout not in ("nchw", "nhwc"):
         raise TranslateError(f"layout {layout!r}: choose 'nchw' (torch's layout) or 'nhwc'")
-    if layout == "nhwc":
-        raise TranslateError("layout 'nhwc' is not available yet; translate with torch's layout (nchw)")
     kwargs = {**(example_kwargs or {}), **kwargs}
     args = tuple(example_args)
     if not isinstance(module, torch.nn.Module):
@@ -64,7 +64,7 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
         f64 = capture(module, args, kwargs, train=False, dtype=torch.float64, dynamic=False)
     except TranslateError:
         f64 = None
-    plan = Plan(module, captures, f64)
+    plan = Plan(module, captures, f64, layout=layout)
     build_classes(plan)
     if plan.problems:
         raise UnsupportedOpsError(plan.problems)

@@ -20,7 +20,11 @@ def conv(c, node):
     return call(c.helper("conv"), c.x("input"), c.x("weight"), c.x("bias") if c.has("bias") else "None",
                 stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=padding,
                 dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1}
-                else None, groups=c.lit(groups, "groups") if groups != 1 else None)
+                else None, groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c))
+
+
+def _cl(c):
+    return "True" if c.channels_last else None
 
 
 @op("aten.conv_transpose1d.default", "aten.conv_transpose2d.input", "aten.conv_transpose3d.input")
@@ -33,7 +37,7 @@ def conv_transpose(c, node):
                 if set(_ints(c, "output_padding", n, 0)) != {0} else None,
                 groups=c.lit(groups, "groups") if groups != 1 else None,
                 dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1}
-                else None)
+                else None, channels_last=_cl(c))
 
 
 @op("aten.convolution.default")
@@ -42,7 +46,7 @@ def convolution(c, node):
     groups = c.raw("groups")
     common = dict(stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=c.ints(_ints(c, "padding", n, 0), "padding"),
                   dilation=c.ints(_ints(c, "dilation", n, 1), "dilation"),
-                  groups=c.lit(groups, "groups") if groups != 1 else None)
+                  groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c))
     bias = c.x("bias") if c.has("bias") else "None"
     if c.raw("transposed"):
         return call(c.helper("conv_transpose"), c.x("input"), c.x("weight"), bias,
@@ -61,7 +65,7 @@ def _max_pool(c, node):
                 stride=c.ints(stride, "stride") if stride != kernel else None,
                 padding=c.ints(padding, "padding") if set(padding) != {0} else None,
                 dilation=c.ints(dilation, "dilation") if set(dilation) != {1} else None,
-                ceil_mode="True" if ceil else None)
+                ceil_mode="True" if ceil else None, channels_last=_cl(c))
 
 
 op("aten.max_pool1d.default", "aten.max_pool2d.default", "aten.max_pool3d.default")(_max_pool)
@@ -89,7 +93,7 @@ def avg_pool(c, node):
                 padding=c.ints(padding, "padding") if set(padding) != {0} else None,
                 ceil_mode="True" if ceil else None,
                 count_include_pad="False" if not include and set(padding) != {0} else None,
-                divisor_override=c.lit(divisor, "divisor_override") if divisor else None)
+                divisor_override=c.lit(divisor, "divisor_override") if divisor else None, channels_last=_cl(c))
 
 
 @op("aten.adaptive_avg_pool1d.default", "aten.adaptive_avg_pool2d.default", "aten.adaptive_avg_pool3d.default",
@@ -98,9 +102,10 @@ def adaptive_avg_pool(c, node):
     size = tuple(c.raw("output_size"))
     n = len(size)
     if all(s == 1 for s in size):  # a global average: a mean over the spatial axes
-        axes = tuple(range(c.val("self").ndim - n, c.val("self").ndim))
+        ndim = c.val("self").ndim
+        axes = tuple(range(ndim - n - 1, ndim - 1)) if c.channels_last else tuple(range(ndim - n, ndim))
         return call("jnp.mean", c.x("self"), axis=repr(axes), keepdims="True")
-    return call(c.helper("adaptive_avg_pool"), c.x("self"), c.ints(size, "output_size"))
+    return call(c.helper("adaptive_avg_pool"), c.x("self"), c.ints(size, "output_size"), channels_last=_cl(c))
 
 
 @op("aten.adaptive_max_pool1d.default", "aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default")
@@ -115,21 +120,23 @@ def _size_and_scale(c):
     """(size=..., scale_factor=...) keywords: the scale factors when torch had them, else the size."""
     if c.has("scale_factors") and c.raw("scale_factors"):
         return {"scale_factor": c.ints(tuple(float(s) for s in c.raw("scale_factors")), "scale_factor")}
-    return {"size": c.size(list(c.out.shape)[2:], hint="size")}
+    return {"size": c.size(list(c.out.shape)[2:], hint="size")}  # torch's (H, W) order either way
 
 
 @op("aten.upsample_nearest1d.vec", "aten.upsample_nearest2d.vec", "aten.upsample_nearest3d.vec",
     "aten._upsample_nearest_exact1d.vec", "aten._upsample_nearest_exact2d.vec", "aten._upsample_nearest_exact3d.vec")
 def upsample_nearest(c, node):
     exact = "exact" in str(node.target)
-    return call(c.helper("interpolate_nearest"), c.x("input"), **_size_and_scale(c), exact="True" if exact else None)
+    return call(c.helper("interpolate_nearest"), c.x("input"), **_size_and_scale(c), exact="True" if exact else None,
+                channels_last=_cl(c))
 
 
 @op("aten.upsample_linear1d.vec", "aten.upsample_bilinear2d.vec", "aten.upsample_trilinear3d.vec")
 def upsample_linear(c, node):
     align = c.raw("align_corners")
     sizes = {"size": c.size(list(c.out.shape)[2:], hint="size")} if align else _size_and_scale(c)
-    return call(c.helper("interpolate_linear"), c.x("input"), **sizes, align_corners="True" if align else None)
+    return call(c.helper("interpolate_linear"), c.x("input"), **sizes, align_corners="True" if align else None,
+                channels_last=_cl(c))
 
 
 @op("aten.pixel_shuffle.default")

@@ -22,7 +22,7 @@ def native_layer_norm(c, node):
 def group_norm(c, node):
     return call(c.helper("group_norm"), c.x("input"), c.lit(c.raw("num_groups"), "num_groups"),
                 c.x("weight") if c.has("weight") else "None", c.x("bias") if c.has("bias") else "None",
-                c.lit(c.raw("eps"), "eps"))
+                c.lit(c.raw("eps"), "eps"), channels_last="True" if c.channels_last else None)
 
 
 @op("aten.instance_norm.default")
@@ -53,11 +53,11 @@ def batch_norm(c, node):
     training = c.raw("training") if c.has("training") else False
     x = c.x("input")
     ndim = c.val("input").ndim
-    channel = repr((1, -1) + (1,) * (ndim - 2))
+    channel = repr((-1,) if c.channels_last else (1, -1) + (1,) * (ndim - 2))
     if training:
         if c.has("running_mean"):
             raise Unsupported("F.batch_norm in train mode with running statistics (use nn.BatchNorm*)")
-        axes = repr((0,) + tuple(range(2, ndim)))
+        axes = repr(tuple(range(ndim - 1)) if c.channels_last else (0,) + tuple(range(2, ndim)))
         mean = call("jnp.mean", x, axis=axes, keepdims="True")
         var = call("jnp.var", x, axis=axes, keepdims="True")
     else:

@@ -11,8 +11,8 @@ def _axis(c, name="dim"):
     dims = c.raw(name)
     ndim = max(c.val("self").ndim, 1)
     if isinstance(dims, int):
-        return str(dims % ndim)
-    dims = [d % ndim for d in dims]
+        return str(c.layout_dim(dims))
+    dims = sorted(c.layout_dim(d) for d in dims)
     if not dims:
         return None
     return str(dims[0]) if len(dims) == 1 else repr(tuple(dims))

@@ -9,11 +9,14 @@ def _reshape(c, node):
     sizes = list(c.raw("size" if c.has("size") else "shape"))
     x = c.x("self")
     lead = c.static(c.val("self").shape[0]) if c.val("self").ndim else None
-    if sizes and isinstance(sizes[0], int) and sizes[0] == lead and lead not in (None, -1, 1) and x.prec == 100 \
-            and x.text.isidentifier():
+    import re
+
+    base = re.fullmatch(r"(\w+)(\.transpose\(0, [0-9, ]+\))?", x.text)  # a name, or its layout transpose
+    if sizes and isinstance(sizes[0], int) and sizes[0] == lead and lead not in (None, -1, 1) and base:
         # export fixed the batch size (len(x) or x.size(0) made it a Python int): keep it x.shape[0]
-        return method(x, "reshape", Expr(", ".join([f"{x.text}.shape[0]", c.size(sizes[1:], bare=True).text])
-                                         if len(sizes) > 1 else f"{x.text}.shape[0]"))
+        batch = f"{base.group(1)}.shape[0]"
+        return method(x, "reshape", Expr(", ".join([batch, c.size(sizes[1:], bare=True).text])
+                                         if len(sizes) > 1 else batch))
     return method(x, "reshape", c.size(sizes, bare=True))
 
 
@@ -109,8 +112,12 @@ def cat(c, node):
     items = [i for k, i in enumerate(items) if not (c.item_val("tensors", k).ndim == 1 and
                                                       c.static(c.item_val("tensors", k).shape[0]) == 0)]
     ndim = c.out.ndim
-    return call("jnp.concatenate", Expr("[" + ", ".join(str(i) for i in items) + "]"),
-                axis=c.dim("dim", ndim) if c.has("dim") else 0)
+    dim = c.dim("dim", ndim) if c.has("dim") else 0
+    if c.channels_last:
+        from flaxport.translate.layout import to_layout_dim
+
+        dim = to_layout_dim(dim, ndim)
+    return call("jnp.concatenate", Expr("[" + ", ".join(str(i) for i in items) + "]"), axis=dim)
 
 
 @op("aten.stack.default")

@@ -18,8 +18,11 @@ import numpy as np
 from jax import lax
 
 
-def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """torch's conv1d/2d/3d: x (N, C, *S), weight (O, C/groups, *K) -> (N, O, *S')."""
+def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, channels_last=False):
+    """torch's conv1d/2d/3d: x (N, C, *S), weight (O, C/groups, *K) -> (N, O, *S').
+
+    channels_last: x and the result are (N, *S, C) (the weight keeps torch's layout).
+    """
     n = weight.ndim - 2
     stride, dilation = _tuple(stride, n), _tuple(dilation, n)
     if isinstance(padding, str):  # 'valid' / 'same' (stride 1): torch puts the odd cell at the end
@@ -28,12 +31,17 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     else:
         padding = [(p, p) for p in _tuple(padding, n)]
     spatial = "DHW"[-n:] if n <= 3 else None
+    if channels_last:
+        y = lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
+                                     dimension_numbers=("N" + spatial + "C", "OI" + spatial, "N" + spatial + "C"))
+        return y if bias is None else y + bias
     y = lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
                                  dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial))
     return y if bias is None else y + bias.reshape((-1,) + (1,) * n)
 
 
-def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
+                   channels_last=False):
     """torch's conv_transpose1d/2d/3d: weight (C, O/groups, *K), the gradient of a conv.
 
     A dilated conv with the kernel flipped in space and its in/out axes swapped per group
@@ -49,27 +57,43 @@ def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, 
     pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
             for d, k, p, op in zip(dilation, weight.shape[2:], padding, output_padding)]
     spatial = "DHW"[-n:]
+    layout = "N" + spatial + "C" if channels_last else "NC" + spatial
     y = lax.conv_general_dilated(x, w, (1,) * n, pads, lhs_dilation=stride, rhs_dilation=dilation,
-                                 feature_group_count=groups,
-                                 dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial))
-    return y if bias is None else y + bias.reshape((-1,) + (1,) * n)
+                                 feature_group_count=groups, dimension_numbers=(layout, "OI" + spatial, layout))
+    if bias is None:
+        return y
+    return y + bias if channels_last else y + bias.reshape((-1,) + (1,) * n)
 
 
-def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
-    """torch's max_pool1d/2d/3d over the trailing len(kernel_size) axes (padding counts as -inf)."""
+def _spatial(x, n, channels_last):
+    """Positions of the n spatial axes: the trailing ones, or before the channels (channels_last)."""
+    end = x.ndim - 1 if channels_last else x.ndim
+    return list(range(end - n, end))
+
+
+def _window(x, axes, values, fill):
+    out = [fill] * x.ndim
+    for a, v in zip(axes, values):
+        out[a] = v
+    return out
+
+
+def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, channels_last=False):
+    """torch's max_pool1d/2d/3d over the spatial axes (padding counts as -inf)."""
     n = len(kernel_size)
     stride = _tuple(stride or kernel_size, n)
     padding, dilation = _tuple(padding, n), _tuple(dilation, n)
-    pads = [(p, p + _ceil_extra(size, k, s, p, d, ceil_mode))
-            for size, k, s, p, d in zip(x.shape[-n:], kernel_size, stride, padding, dilation)]
+    axes = _spatial(x, n, channels_last)
+    pads = [(p, p + _ceil_extra(x.shape[a], k, s, p, d, ceil_mode))
+            for a, k, s, p, d in zip(axes, kernel_size, stride, padding, dilation)]
     # a NumPy init value: concrete under jit too, so JAX sees a max-pool it can differentiate
     lowest = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min, x.dtype)
-    lead = x.ndim - n
-    return lax.reduce_window(x, lowest, lax.max, (1,) * lead + tuple(kernel_size),
-                             (1,) * lead + stride, [(0, 0)] * lead + pads, window_dilation=(1,) * lead + dilation)
+    return lax.reduce_window(x, lowest, lax.max, _window(x, axes, kernel_size, 1), _window(x, axes, stride, 1),
+                             _window(x, axes, pads, (0, 0)), window_dilation=_window(x, axes, dilation, 1))
 
 
-def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None,
+             channels_last=False):
     """torch's avg_pool1d/2d/3d: windows divided as torch divides them.
 
     count_include_pad counts the zero padding but never the cells ceil_mode adds past it;
@@ -77,12 +101,12 @@ def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_incl
     """
     n = len(kernel_size)
     stride, padding = _tuple(stride or kernel_size, n), _tuple(padding, n)
-    sizes = x.shape[-n:]
+    axes = _spatial(x, n, channels_last)
+    sizes = [x.shape[a] for a in axes]
     extras = [_ceil_extra(size, k, s, p, 1, ceil_mode) for size, k, s, p in zip(sizes, kernel_size, stride, padding)]
-    lead = x.ndim - n
-    window, strides = (1,) * lead + tuple(kernel_size), (1,) * lead + stride
-    pads = [(0, 0)] * lead + [(p, p + e) for p, e in zip(padding, extras)]
-    total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, window, strides, pads)
+    pads = _window(x, axes, [(p, p + e) for p, e in zip(padding, extras)], (0, 0))
+    total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, _window(x, axes, kernel_size, 1),
+                              _window(x, axes, stride, 1), pads)
     if divisor_override:
         return total / divisor_override
     # The divisor of every window, from a ones-array the size of what it may count.
@@ -91,6 +115,8 @@ def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_incl
     else:
         ones = np.pad(np.ones(sizes), [(p, p + e) for p, e in zip(padding, extras)])
     counts = _window_sums(ones, kernel_size, stride)
+    if channels_last:
+        counts = counts[..., None]
     return total / jnp.asarray(counts, x.dtype)
 
 
@@ -113,20 +139,20 @@ def _ceil_extra(size, k, s, p, d, ceil_mode):
     return max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))
 
 
-def adaptive_avg_pool(x, output_size):
+def adaptive_avg_pool(x, output_size, channels_last=False):
     """torch's adaptive_avg_pool1d/2d/3d: window i spans [floor(i L / out), ceil((i + 1) L / out))."""
-    return _adaptive(x, output_size, jnp.mean)
+    return _adaptive(x, output_size, jnp.mean, channels_last)
 
 
-def adaptive_max_pool(x, output_size):
+def adaptive_max_pool(x, output_size, channels_last=False):
     """torch's adaptive_max_pool1d/2d/3d (values only)."""
-    return _adaptive(x, output_size, jnp.max)
+    return _adaptive(x, output_size, jnp.max, channels_last)
 
 
-def _adaptive(x, output_size, reduce):
+def _adaptive(x, output_size, reduce, channels_last=False):
     n = len(output_size)
     for i, out in enumerate(output_size):
-        axis = x.ndim - n + i
+        axis = _spatial(x, n, channels_last)[i]
         size = x.shape[axis]
         out = size if out is None else out
         if size % out == 0:  # equal windows: one reshape and one reduction
@@ -138,24 +164,24 @@ def _adaptive(x, output_size, reduce):
     return x
 
 
-def _output_size(x, size, scale_factor):
+def _output_size(x, size, scale_factor, channels_last=False):
     """F.interpolate's output size: `size`, or floor(input size * scale_factor) per spatial axis."""
     if size is not None:
         return tuple(size)
     n = len(scale_factor)
-    return tuple(int(math.floor(s * f)) for s, f in zip(x.shape[-n:], scale_factor))
+    return tuple(int(math.floor(x.shape[a] * f)) for a, f in zip(_spatial(x, n, channels_last), scale_factor))
 
 
-def interpolate_nearest(x, size=None, scale_factor=None, exact=False):
+def interpolate_nearest(x, size=None, scale_factor=None, exact=False, channels_last=False):
     """torch's F.interpolate(mode='nearest') (or 'nearest-exact' when exact) on (N, C, *spatial).
 
     torch reads source index floor(dst * scale) with scale = 1 / scale_factor when a scale
     factor was given, else in / out, computed in float32.
     """
-    output_size = _output_size(x, size, scale_factor)
+    output_size = _output_size(x, size, scale_factor, channels_last)
     n = len(output_size)
     for i, out in enumerate(output_size):
-        axis = x.ndim - n + i
+        axis = _spatial(x, n, channels_last)[i]
         size_in = x.shape[axis]
         scale = np.float32(1.0 / scale_factor[i]) if scale_factor else np.float32(size_in / out)
         dst = np.arange(out, dtype=np.float32) + (np.float32(0.5) if exact else np.float32(0))
@@ -164,16 +190,16 @@ def interpolate_nearest(x, size=None, scale_factor=None, exact=False):
     return x
 
 
-def interpolate_linear(x, size=None, scale_factor=None, align_corners=False):
+def interpolate_linear(x, size=None, scale_factor=None, align_corners=False, channels_last=False):
     """torch's F.interpolate(mode='linear' / 'bilinear' / 'trilinear'): separable linear interpolation.
 
     Source coordinate (dst + 0.5) * scale - 0.5, clamped at 0 (align_corners=False), or
     dst * (in - 1) / (out - 1) (align_corners=True); scale = 1 / scale_factor when given.
     """
-    output_size = _output_size(x, size, scale_factor)
+    output_size = _output_size(x, size, scale_factor, channels_last)
     n = len(output_size)
     for i, out in enumerate(output_size):
-        axis = x.ndim - n + i
+        axis = _spatial(x, n, channels_last)[i]
         size = x.shape[axis]
         dst = np.arange(out, dtype=np.float64)
         if align_corners:
@@ -200,8 +226,16 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return y if bias is None else y + bias
 
 
-def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, channels_last=False):
     """torch's group_norm: x (N, C, *S), statistics per (sample, group of C / num_groups channels)."""
+    if channels_last:  # (N, *S, C): groups are blocks of consecutive channels, as in torch
+        g = x.reshape(x.shape[:-1] + (num_groups, -1))
+        axes = tuple(range(1, x.ndim - 1)) + (x.ndim,)
+        mean = jnp.mean(g, axis=axes, keepdims=True)
+        var = jnp.mean(jnp.square(g - mean), axis=axes, keepdims=True)
+        y = ((g - mean) * lax.rsqrt(var + eps)).reshape(x.shape)
+        y = y if weight is None else y * weight
+        return y if bias is None else y + bias
     n, c = x.shape[:2]
     g = x.reshape((n, num_groups, -1))
     mean = jnp.mean(g, axis=-1, keepdims=True)

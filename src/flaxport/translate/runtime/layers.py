@@ -56,8 +56,9 @@ class _ConvNd(nnx.Module):
     ndim = 2
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 *, rngs):
+                 channels_last=False, *, rngs):
         n = self.ndim
+        self.channels_last = channels_last
         self.kernel_size = _ntuple(kernel_size, n)
         self.stride, self.dilation, self.groups = _ntuple(stride, n), _ntuple(dilation, n), groups
         self.padding = padding if isinstance(padding, str) else _ntuple(padding, n)
@@ -68,7 +69,7 @@ class _ConvNd(nnx.Module):
 
     def __call__(self, x):
         bias = None if self.bias is None else self.bias[...]
-        return conv(x, self.weight[...], bias, self.stride, self.padding, self.dilation, self.groups)
+        return conv(x, self.weight[...], bias, self.stride, self.padding, self.dilation, self.groups, self.channels_last)
 
 
 class Conv1d(_ConvNd):
@@ -89,8 +90,9 @@ class _ConvTransposeNd(nnx.Module):
     ndim = 2
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
-                 bias=True, dilation=1, *, rngs):
+                 bias=True, dilation=1, channels_last=False, *, rngs):
         n = self.ndim
+        self.channels_last = channels_last
         self.kernel_size = _ntuple(kernel_size, n)
         self.stride, self.padding, self.dilation = _ntuple(stride, n), _ntuple(padding, n), _ntuple(dilation, n)
         self.output_padding, self.groups = _ntuple(output_padding, n), groups
@@ -102,7 +104,7 @@ class _ConvTransposeNd(nnx.Module):
     def __call__(self, x):
         bias = None if self.bias is None else self.bias[...]
         return conv_transpose(x, self.weight[...], bias, self.stride, self.padding, self.output_padding,
-                              self.groups, self.dilation)
+                              self.groups, self.dilation, self.channels_last)
 
 
 class ConvTranspose1d(_ConvTransposeNd):
@@ -125,8 +127,9 @@ class _BatchNorm(nnx.Module):
     num_batches_tracked counts the train-mode calls (docs/porting.md, entries 1, 2 and 4).
     """
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, *, rngs=None):
-        self.eps, self.momentum = eps, momentum
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 channels_last=False, *, rngs=None):
+        self.eps, self.momentum, self.channels_last = eps, momentum, channels_last
         self.use_running_average = False
         if affine:
             self.weight = nnx.Param(jnp.ones((num_features,)))
@@ -141,15 +144,17 @@ class _BatchNorm(nnx.Module):
             self.running_mean = self.running_var = self.num_batches_tracked = nnx.data(None)
 
     def __call__(self, x):
-        axes = (0,) + tuple(range(2, x.ndim))
-        channel = (1, -1) + (1,) * (x.ndim - 2)
+        if self.channels_last:  # (N, *S, C)
+            axes, channel = tuple(range(x.ndim - 1)), (-1,)
+        else:  # (N, C, *S)
+            axes, channel = (0,) + tuple(range(2, x.ndim)), (1, -1) + (1,) * (x.ndim - 2)
         if self.use_running_average and self.running_mean is not None:
             mean, var = self.running_mean[...], self.running_var[...]
         else:
             mean = jnp.mean(x, axis=axes)
             var = jnp.mean(jnp.square(x - mean.reshape(channel)), axis=axes)
             if self.running_mean is not None and not self.use_running_average:
-                self._update_running_stats(mean, var, x.size // x.shape[1])
+                self._update_running_stats(mean, var, x.size // mean.size)
         y = (x - mean.reshape(channel)) * lax.rsqrt(var.reshape(channel) + self.eps)
         if self.weight is not None:
             y = y * self.weight[...].reshape(channel) + self.bias[...].reshape(channel)
@@ -193,15 +198,15 @@ class LayerNorm(nnx.Module):
 class GroupNorm(nnx.Module):
     """torch.nn.GroupNorm on (N, C, *spatial): torch's group count and eps."""
 
-    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, *, rngs=None):
-        self.num_groups, self.eps = num_groups, eps
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, channels_last=False, *, rngs=None):
+        self.num_groups, self.eps, self.channels_last = num_groups, eps, channels_last
         self.weight = nnx.Param(jnp.ones((num_channels,))) if affine else nnx.data(None)
         self.bias = nnx.Param(jnp.zeros((num_channels,))) if affine else nnx.data(None)
 
     def __call__(self, x):
         weight = None if self.weight is None else self.weight[...]
         bias = None if self.bias is None else self.bias[...]
-        return group_norm(x, self.num_groups, weight, bias, self.eps)
+        return group_norm(x, self.num_groups, weight, bias, self.eps, self.channels_last)
 
 
 class Embedding(nnx.Module):
