@@ -32,6 +32,7 @@ bench: setup
 	$(VENV)/bin/flaxport compare gan --epochs 10 --workdir runs/bench-gan
 	$(VENV)/bin/flaxport compare cnn --epochs 5 --seeds 3 --workdir runs/bench-cnn
 	$(PY) -m flaxport.bench.ddim_sampling --rounds 5 --json runs/bench-ddim-sampling.json
+	$(PY) -m flaxport.bench.translate --json runs/bench-translate.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
