@@ -99,7 +99,7 @@ def load_factory(spec: str):
         if not path.is_file():
             raise UserError(f"FACTORY {spec!r}: no such file {target}")
         sys.path.insert(0, str(path.resolve().parent))  # the user's sibling imports
-        mod_name = f"flaxport_user_{path.stem}"
+        mod_name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else f"user_{path.stem}"
         try:
             loader = importlib.util.spec_from_file_location(mod_name, path)
             mod = importlib.util.module_from_spec(loader)
