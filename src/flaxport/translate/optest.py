@@ -23,11 +23,15 @@ class _Body:
         self.needs_training = False
         self.capture = type("C", (), {"mode": "eval"})()
         self.plan = type("P", (), {"twin": lambda *a: None, "dtype_reference": lambda *a: None,
-                                   "synth_name": lambda self_, frame, node, base: base})()
+                                   "synth_name": lambda self_, frame, node, base: base,
+                                   "wanted": lambda *a: "torch", "layout_of": lambda *a: "torch"})()
         self.frame = None
 
     def value(self, v) -> Expr:
         return Expr(self.names[v])
+
+    def value_as(self, v, layout) -> Expr:
+        return self.value(v)
 
     def slot(self, value, hint) -> Expr:
         text = repr(value)
