@@ -76,6 +76,14 @@ def test_translation_passes_the_float64_proof_and_runs_at_other_sizes(name):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())))
 
 
+@pytest.mark.parametrize("name", zoo.MORE)
+def test_more_shapes_of_torch_code(name):
+    """Dict outputs, Conv1d/InstanceNorm/AvgPool1d, a GRU state handed to another GRU, split,
+    torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values."""
+    module, inputs, t = zoo.translated(name)
+    assert t.report.ok and t.report.precision == "float64", str(t.report)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", zoo.HF)
 def test_huggingface_models_translate_and_pass(name):

@@ -239,6 +239,54 @@ class UNet(nn.Module):
         return self.out(h)
 
 
+# --------------------------------------------------------------------------- odds and ends
+class Audio(nn.Module):
+    """Conv1d, InstanceNorm1d (affine), AvgPool1d, a dilated conv, and a dict output."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(1, 8, 5, stride=2, padding=2)
+        self.n = nn.InstanceNorm1d(8, affine=True)
+        self.c2 = nn.Conv1d(8, 8, 3, dilation=2)
+        self.pool = nn.AvgPool1d(3, 2)
+
+    def forward(self, x):
+        feat = self.pool(F.elu(self.c2(F.gelu(self.n(self.c1(x))))))
+        return {"feat": feat.mean(-1), "energy": x.pow(2).sum(-1)}
+
+
+class Seq2Seq(nn.Module):
+    """A GRU encoder whose final state starts the decoder (hx passed in), padding_idx embeddings."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 6, padding_idx=0)
+        self.enc = nn.GRU(6, 8, batch_first=True)
+        self.dec = nn.GRU(6, 8, batch_first=True)
+        self.out = nn.Linear(8, 20)
+
+    def forward(self, src, tgt):
+        _, h = self.enc(self.emb(src))
+        y, _ = self.dec(self.emb(tgt), h)
+        return self.out(y).log_softmax(-1)
+
+
+class Gated(nn.Module):
+    """split into halves, torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4, affine=False)
+        self.conv = nn.Conv2d(4, 16, 3, padding=1, padding_mode="reflect")
+        self.drop = nn.Dropout2d(0.2)
+        self.shuffle = nn.PixelShuffle(2)
+
+    def forward(self, x):
+        a, b = self.conv(self.bn(x)).split(8, 1)
+        h = self.shuffle(self.drop(torch.where(a > 0, a * torch.sigmoid(b), torch.zeros_like(a))))
+        return h.flatten(2).max(-1).values
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -272,6 +320,12 @@ def make(name, seed=0):
         return RNNClassifier(name).eval(), (torch.randint(0, 40, (2, 7), generator=g),)
     if name == "unet":
         return UNet().eval(), (torch.randn(2, 3, 16, 16, generator=g),)
+    if name == "audio":
+        return Audio().eval(), (torch.randn(2, 1, 64, generator=g),)
+    if name == "seq2seq":
+        return Seq2Seq().eval(), (torch.randint(0, 20, (2, 5), generator=g), torch.randint(0, 20, (2, 4), generator=g))
+    if name == "gated":
+        return randomize_batchnorm(Gated()).eval(), (torch.randn(2, 4, 5, 5, generator=g),)
     raise KeyError(name)
 
 
@@ -320,6 +374,7 @@ def _hf(name, g):
 
 
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
+MORE = ("audio", "seq2seq", "gated")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
 

@@ -474,6 +474,11 @@ class BodyRenderer:
             return self._call_expr(u)
         if cap._target_name(v) in ("<built-in function getitem>", "getitem"):
             parent = v.args[0]
+            if parent not in self.multi and parent not in self.exprs and parent not in self.names:
+                rendered = self.value(parent)
+                if isinstance(rendered, Outputs):
+                    self.multi[parent] = rendered
+                    self.exprs.pop(parent, None)
             if parent in self.multi:
                 part = self.multi[parent][v.args[1]]
                 if part is None:

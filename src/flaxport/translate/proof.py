@@ -113,7 +113,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
                   if torch.is_tensor(v)]
         records, jax_out = _run_recorded(t, model, inputs)
         records = [(path, [np.asarray(a) for a in _leaves(out)]) for path, out in records]
-        jax_leaves = [np.asarray(a) for a in jax.tree.leaves(jax_out)]
+        jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
 
     rows = []
     calls: dict = {}
@@ -167,10 +167,23 @@ def _frame_values(plan, frame, values) -> list:
         order = {0: [0], 1: [1], 2: [2]}  # leaves of (out, (h, c)) / (out, h): in core-op order
         out = []
         for node in outputs:
-            idx = node.args[1] if str(node.target).endswith("getitem") else 0
+            idx = node.args[1] if "getitem" in str(node.target) else 0
             out.append(values[order[idx][0]] if idx < len(values) else None)
         return out
     return values
+
+
+def _leaves_like(out, torch_out) -> list:
+    """The JAX output's arrays in the order torch's output flattens (JAX sorts dict keys)."""
+    import jax
+
+    if isinstance(out, dict) and hasattr(torch_out, "keys"):
+        return [a for k in torch_out.keys() if k in out for a in _leaves_like(out[k], torch_out[k])]
+    if isinstance(out, (tuple, list)) and hasattr(torch_out, "to_tuple"):
+        torch_out = torch_out.to_tuple()
+    if isinstance(out, (tuple, list)) and isinstance(torch_out, (tuple, list)) and len(out) == len(torch_out):
+        return [a for o, t in zip(out, torch_out) for a in _leaves_like(o, t)]
+    return jax.tree.leaves(out)
 
 
 def _leaves(out) -> list:
@@ -398,7 +411,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
 
         jax_out, state = jax.jit(step, compiler_options=FAST_COMPILE)(state, inputs)
         nnx.update(model, state)
-        jax_leaves = [np.asarray(a) for a in jax.tree.leaves(jax_out)]
+        jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
         saved = _state_dict_of(t, model)
     rows = []
     for i, (a, b) in enumerate(zip(torch_leaves, jax_leaves)):
