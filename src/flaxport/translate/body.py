@@ -18,7 +18,7 @@ import math
 from flaxport.translate import capture as cap
 from flaxport.translate import ops as oplib
 from flaxport.translate import source as src
-from flaxport.translate.ops import ATOM, COMPARE, Expr, Outputs, Unsupported
+from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 JNP_DTYPES = {"float32": "jnp.float32", "float64": "jnp.float64", "float16": "jnp.float16",
@@ -893,4 +893,3 @@ def _print(expr, resolve) -> Expr:
     return go(expr)
 
 
-_ = COMPARE

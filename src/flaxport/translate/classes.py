@@ -10,7 +10,6 @@ import difflib
 import math
 import re
 
-from flaxport.translate import capture as cap
 from flaxport.translate.body import BodyRenderer, _safe_name
 from flaxport.translate.plan import ClassDef, Instance, Line, ModeValue
 
@@ -427,4 +426,3 @@ def _hashable(v):
     return v
 
 
-_ = cap

@@ -20,18 +20,14 @@ attribute when one holds those values (`self.stride`), else after the argument t
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import re
 
 from flaxport.translate import capture as cap
 from flaxport.translate import layers as layer_table
 from flaxport.translate import source as src
-from flaxport.translate.body import BodyRenderer, _safe_name
-from flaxport.translate.ops import Unsupported
+from flaxport.translate.body import _safe_name
 
 NNX_RESERVED = {"train", "eval", "set_attributes", "sow", "perturb", "iter_modules", "iter_children", "training",
                 "deterministic", "use_running_average", "rngs"}
-_MARK = re.compile("\x00(\\d+)\x00")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -199,17 +199,6 @@ def _run_recorded(t, model, inputs):
     from flax import nnx
 
     plan = t.plan
-    targets = {}
-    for path, kind in plan._kinds.items():
-        if not path or kind not in ("layer", "generated", "sequential"):
-            continue
-        obj = model
-        try:
-            for part in plan.nnx_path(path):
-                obj = obj[part] if isinstance(part, int) or isinstance(obj, (nnx.List, nnx.Dict)) else getattr(obj, part)
-        except (AttributeError, IndexError, KeyError, TypeError):
-            continue
-        targets[id(obj)] = path
     classes = {type(model)}
     for _, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Module):
@@ -244,7 +233,6 @@ def _run_recorded(t, model, inputs):
         return out, [r for _, r in records]
 
     out, values = jax.jit(run, compiler_options=FAST_COMPILE)(state, list(inputs))
-    _ = targets
     return list(zip(paths, values)), out
 
 

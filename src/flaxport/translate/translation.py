@@ -1,8 +1,6 @@
 """`translate(torch_module, *example_inputs, **example_kwargs) -> Translation`."""
 from __future__ import annotations
 
-import copy
-import datetime
 import linecache
 import types
 from pathlib import Path
@@ -311,4 +309,3 @@ def _load_namespace(source: str, name: str) -> dict:
     return module.__dict__
 
 
-_ = (copy, datetime)

@@ -1,7 +1,7 @@
 """Tensor creation (arange, zeros, full, *_like), embedding lookups, and dropout in a module's own forward."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ATOM, Expr, Unsupported, call, op
+from flaxport.translate.ops import Unsupported, call, op
 
 
 def _dtype_kw(c, default_float=True):
@@ -110,4 +110,3 @@ def _random(name):
 for _name in _RANDOM:
     _random(_name)
 
-_ = ATOM

@@ -1,7 +1,7 @@
 """Elementwise arithmetic, comparisons, logic and math functions (torch's promotion and division rules)."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ADD, AND, ATOM, COMPARE, MUL, NOT, POWER, UNARY, Expr, Unsupported, binary, call, op
+from flaxport.translate.ops import ADD, ATOM, COMPARE, MUL, POWER, UNARY, Expr, binary, call, op
 
 
 def _alpha(c, other: Expr) -> Expr:
@@ -259,4 +259,3 @@ def copy(c, node):
     return src
 
 
-_ = (AND, call)
