@@ -490,7 +490,7 @@ class Plan:
             if spec.is_leaf():
                 leaf = next(leaves)
                 return render(leaf) if hasattr(leaf, "op") else repr(leaf)
-            parts = [go(child) for child in spec.children_specs]
+            parts = [go(child) for child in spec.children()]
             if spec.type is dict:
                 return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(spec.context, parts)) + "}"
             if spec.type is list:
