@@ -493,7 +493,7 @@ class BodyRenderer:
     def _placeholder(self, v, ph) -> Expr:
         if ph.kind == "input":
             return Expr(self.names.get(v, f"input{ph.index}"))
-        return Expr(f"{self.plan.attr_of_placeholder(self.path, self.plan.placeholder_name(self.capture, v))}[...]")
+        return Expr(f"{self.plan.attr_of_placeholder(self.path, self.plan.placeholder_name_from(self.capture, v, self.path))}[...]")
 
     def _call_expr(self, u) -> Expr:
         inputs, _ = self.plan.io(u.frame)

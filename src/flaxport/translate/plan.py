@@ -84,6 +84,7 @@ class Plan:
         for mode, c in captures.items():
             for frame in c.root.walk():
                 self.frames_by_path.setdefault(frame.path, []).append((mode, frame))
+        self._aliases = _aliases(module)  # tied weights: every name of one tensor
         self._io: dict = {}
         self._extra_syms: dict = {}
         self._kinds: dict = {}
@@ -282,8 +283,24 @@ class Plan:
         raise KeyError(frame.key)
 
     def _owned(self, path, capture, node) -> bool:
-        owner = self.placeholder_owner(capture, node)
-        return owner == path or not path or owner.startswith(path + ".")
+        ph = capture.placeholders[node]
+        names = self._aliases.get(ph.target, [ph.target]) if ph.kind in ("param", "buffer") else [None]
+        for name in names:
+            owner = self.placeholder_owner(capture, node) if name is None else \
+                (name.rsplit(".", 1)[0] if "." in name else "")
+            if owner == path or not path or owner.startswith(path + "."):
+                return True
+        return False
+
+    def placeholder_name_from(self, capture, node, path: str) -> str:
+        """placeholder_name, choosing among tied names the one inside the module at `path`."""
+        ph = capture.placeholders[node]
+        if ph.kind in ("param", "buffer"):
+            for name in self._aliases.get(ph.target, [ph.target]):
+                owner = name.rsplit(".", 1)[0] if "." in name else ""
+                if not path or owner == path or owner.startswith(path + "."):
+                    return name
+        return self.placeholder_name(capture, node)
 
     def need_symbol(self, frame, name) -> str:
         extra = self._extra_syms.setdefault(id(frame), [])
@@ -498,3 +515,11 @@ class Plan:
             return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
         return go(capture.out_spec)
+
+
+def _aliases(module) -> dict:
+    """{name: [every name of the same tensor]} for parameters and buffers shared between modules."""
+    groups: dict = {}
+    for name, t in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
+        groups.setdefault(id(t), []).append(name)
+    return {name: names for names in groups.values() if len(names) > 1 for name in names}

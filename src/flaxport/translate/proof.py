@@ -260,8 +260,8 @@ def _interpret(capture, args, kwargs) -> dict:
     import torch.fx
 
     module = capture.module
-    params = dict(module.named_parameters())
-    buffers = dict(module.named_buffers())
+    params = dict(module.named_parameters(remove_duplicate=False))  # tied weights: every name
+    buffers = dict(module.named_buffers(remove_duplicate=False))
     flat_inputs = [a for a in list(args) + [kwargs[k] for k in kwargs] if torch.is_tensor(a)]
     values = []
     for node in capture.graph.nodes:
