@@ -2,8 +2,9 @@
 
 Coverage: the workloads' torch twins, a zoo written in plain torch (translate_zoo.py) and
 HuggingFace models from tiny configs each translate and pass the float64 proof at every
-submodule boundary; the translated model runs at other sizes; the generated file runs
-without flaxport or torch; the way back to torch names is exact.
+submodule boundary, and one train-mode forward (BatchNorm statistics included) matches
+torch; the translated model runs at other sizes; the generated file runs without flaxport or
+torch; the way back to torch names is exact.
 """
 import ast
 import dataclasses
@@ -82,6 +83,21 @@ def test_more_shapes_of_torch_code(name):
     torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values."""
     module, inputs, t = zoo.translated(name)
     assert t.report.ok and t.report.precision == "float64", str(t.report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet", "transformer", "lstm", "ddim"])
+def test_one_train_mode_forward_matches_torch_in_float64(name):
+    """Outputs (dropout off on both sides) and every buffer torch updated: running_mean,
+    running_var and num_batches_tracked of each BatchNorm."""
+    from flaxport.translate.proof import check_train
+
+    module, inputs, t = zoo.translated(name)
+    report = check_train(t, module)
+    assert report.ok, str(report)
+    if name in ("resnet18", "mobilenet", "ddim"):
+        stats = [r.torch_name for r in report.rows if r.phase == "running_stats"]
+        assert any(s.endswith("running_var") for s in stats) and any(s.endswith("num_batches_tracked") for s in stats)
 
 
 @pytest.mark.slow

@@ -4,9 +4,13 @@
       .source   the generated model.py (imports only jax, flax, numpy, stdlib)
       .model    an nnx.Module with the torch weights, in the torch module's train/eval mode
       .report   the proof: float64 per submodule boundary, float32 beside (a ParityReport)
-      .state_dict(tree=None)       NNX variables (or a tree shaped like them) -> torch names
-      .load_state_dict(state_dict) torch names -> NNX variables
+      .state_dict(tree=None)       NNX variables (or a tree shaped like them: gradients,
+                                   optimizer moments) -> {torch name: NumPy}, torch's layouts
+      .load_state_dict(state_dict) torch names -> NNX variables (NumPy or tensors)
+      .new_model(dtype=None, seed=0) a fresh copy (jnp.float64 under jax.enable_x64(True))
       .save(directory)             model.py, weights.safetensors, parity.md
+  proof.check_train(t, torch_module) -> ParityReport: one train-mode forward against torch
+      (dropout off on both sides): outputs, BatchNorm running statistics and counters
   translate_function(fn, *example_args, **example_kwargs) -> a function on JAX arrays
       (e.g. a loss: translate_function(F.cross_entropy, logits, targets))
 
