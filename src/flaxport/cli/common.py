@@ -18,7 +18,7 @@ def add_debug(p):
 def add_train_flags(p, epochs_default=None):
     """The `train` contract every workload honours (compare shares most of it)."""
     p.add_argument("workload", help="gan, cnn, vae or ddim")
-    p.add_argument("--config", default="default", help="config variant: default, smoke, bench (gan also: tuned)")
+    p.add_argument("--config", default="default", help="config variant: default, smoke, bench (gan also: tuned, quick)")
     p.add_argument("--epochs", type=int, default=epochs_default, help="epochs (default: the config's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None, help="run directory (default runs/WORKLOAD-...)")
