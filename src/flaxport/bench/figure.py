@@ -100,9 +100,10 @@ def _curves(ax, name, results, colour):
         labelled.add(r.name)
     if log:
         ax.set_yscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.02, not 2x10^-2
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        # 0.02, not 2x10^-2; minor ticks labelled at 2 and 5 only, so labels never crowd.
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v)), 6) in (2, 5) else ""))
         ax.tick_params(axis="y", which="minor", labelsize=8)
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
