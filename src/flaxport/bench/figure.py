@@ -85,7 +85,7 @@ def _curves(ax, name, results, colour):
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     key, label, log = CURVES.get(name, (None, None, False))
-    labelled = set()
+    labelled, values = set(), []
     for seed, r in results:
         records = [h for h in r.history if key in h.get("quality", {}) or key is None]
         if key is None and records:  # an unknown workload: its first scalar quality
@@ -98,6 +98,9 @@ def _curves(ax, name, results, colour):
         ax.plot(xs, ys, "o-" if len(xs) < 12 else "-", ms=3, lw=1.6, color=colour.get(r.name, "grey"),
                 label=None if r.name in labelled else r.name, alpha=0.9)
         labelled.add(r.name)
+        values += [y for y in ys if y > 0 and math.isfinite(y)]
+    # A log axis only where the curves span a factor of 5 or more; a narrower band reads better linear.
+    log = log and bool(values) and max(values) >= 5 * min(values)
     if log:
         ax.set_yscale("log")
         # 0.02, not 2x10^-2; minor ticks labelled at 2 and 5 only, so labels never crowd.
