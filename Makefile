@@ -23,11 +23,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The GAN in both frameworks, side by side, ending in runs/demo-gan/compare.png. `quick` is the
-# tuned recipe in ~6k cheap steps; `make demo CONFIG=default` runs the seed article's reference
+# tuned recipe in ~6k cheap steps; `make demo DEMO_CONFIG=default` runs the seed article's reference
 # settings instead (which learn the mixture poorly, as the article says).
-CONFIG ?= quick
+DEMO_CONFIG ?= quick
 demo: setup
-	$(VENV)/bin/flaxport compare gan --config $(CONFIG) --epochs 20 --runs torch-tuned,jax-scan --workdir runs/demo-gan
+	$(VENV)/bin/flaxport compare gan --config $(DEMO_CONFIG) --epochs 20 --runs torch-tuned,jax-scan --workdir runs/demo-gan
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
