@@ -40,6 +40,7 @@ bench: setup
 	mkdir -p $(BENCH)
 	$(FLAXPORT) compare gan --epochs 10 --workdir $(BENCH)/gan
 	$(FLAXPORT) compare gan --config quick --epochs 20 --runs torch-tuned,jax-scan --workdir $(BENCH)/gan-quick
+	$(FLAXPORT) compare gan --config tuned --epochs 40 --runs torch-tuned,jax-scan --workdir $(BENCH)/gan-tuned
 	for v in tuned compiled; do rm -rf $(BENCH)/gan-torch-$$v; \
 	  $(FLAXPORT) train gan --framework torch --torch-variant $$v --epochs 3 --workdir $(BENCH)/gan-torch-$$v --no-progress || exit 1; done
 	for d in 1 4; do for r in scan step; do rm -rf $(BENCH)/gan-$${d}dev-$$r; \

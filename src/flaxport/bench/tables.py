@@ -19,6 +19,7 @@ from pathlib import Path
 COMPARES = {
     "gan": "flaxport compare gan --epochs 10",
     "gan-quick": "flaxport compare gan --config quick --epochs 20 --runs torch-tuned,jax-scan",
+    "gan-tuned": "flaxport compare gan --config tuned --epochs 40 --runs torch-tuned,jax-scan",
     "cnn": "flaxport compare cnn --epochs 5 --seeds 3",
     "vae": "flaxport compare vae --epochs 10",
     "vae-mnist-shaped": "flaxport compare vae --data binarized_mnist --data-dir DIR --epochs 3 --set iwae_k=5",
@@ -143,7 +144,7 @@ def sampling_table(bench: Path) -> list:
 
 def tables(bench: Path) -> str:
     out, facts = [], None
-    sections = {"GAN": ["gan", "gan-quick", torch_variants_table, scale_table], "CNN": ["cnn"],
+    sections = {"GAN": ["gan", "gan-quick", "gan-tuned", torch_variants_table, scale_table], "CNN": ["cnn"],
                 "VAE": ["vae", "vae-mnist-shaped", gemm_table], "DDIM": ["ddim", sampling_table]}
     for title, parts in sections.items():
         out += [f"## {title}", ""]
