@@ -156,6 +156,8 @@ def write(workdir, rep: dict) -> None:
     write_json(workdir / "report.json", rep)
     md = to_markdown(rep)
     pics = sorted(p.relative_to(workdir) for p in workdir.glob("*/*.png"))
+    if (workdir / "compare.png").exists():  # the comparison's own picture first
+        pics.insert(0, Path("compare.png"))
     if pics:
-        md += "\n" + "\n".join(f"![{p.parent}]({p})" for p in pics) + "\n"
+        md += "\n" + "\n".join(f"![{p.parent if p.parent.name else p.stem}]({p})" for p in pics) + "\n"
     (workdir / "report.md").write_text(md)

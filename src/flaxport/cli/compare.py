@@ -21,7 +21,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from flaxport.bench import report
+    from flaxport.bench import figure, report
 
     workload, config = common.workload_and_config(args)
     available = [r for r in RUNS if r != "keras-jax" or workload.keras_twin]
@@ -45,9 +45,10 @@ def run(args) -> int:
             info(f"-- {name} (seed {seed})")
             results.append((seed, _run_one(name, workload, config, run_dir, seed, args.epochs, data, args)))
     rep = report.build(workload, config, args.epochs, results)
+    figure.write(workdir / "compare.png", workload, config, rep, results)
     report.write(workdir, rep)
     print(report.to_markdown(rep))
-    info(f"wrote {workdir / 'report.md'} and {workdir / 'report.json'}")
+    info(f"wrote {workdir / 'report.md'}, {workdir / 'report.json'} and {workdir / 'compare.png'}")
     return 0
 
 

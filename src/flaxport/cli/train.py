@@ -11,7 +11,7 @@ from flaxport.harness.metrics import info
 def add_parser(sub):
     p = sub.add_parser("train", help="train a workload in one framework")
     common.add_train_flags(p)
-    p.add_argument("--framework", default="jax", choices=common.FRAMEWORKS)
+    p.add_argument("--framework", default="jax", choices=common.FRAMEWORKS, help="which twin trains")
     p.add_argument("--runner", default=None, choices=("step", "scan"), help="jax: jit per step or scan-fused epoch")
     p.add_argument("--torch-variant", default="eager", choices=("eager", "tuned", "compiled"),
                    help="torch: the seed's loop, tuned for CPU, or tuned + torch.compile")

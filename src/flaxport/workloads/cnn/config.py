@@ -36,7 +36,7 @@ class Config:
     # How the Flax convs run (flaxport.nn.conv2d): "native" (flaxport's FFI kernels on
     # CPU, else im2col/xla), "im2col" (patches @ kernel) or "xla" (the conv op).
     conv_impl: str = "native"
-    # scan: one compiled epoch (README, cnn speed).
+    # scan: one compiled epoch (docs/benchmarks.md, CNN).
     runner: str = "scan"
 
 
