@@ -80,10 +80,16 @@ def batchnorm_counts(torch_module, inputs, kwargs=None) -> dict:
     tm = copy.deepcopy(torch_module).eval()
     counts: dict = {}
     handles = []
+
+    def hook(name):
+        def record(mod, args, out):
+            counts.setdefault(name, args[0].numel() // args[0].shape[1])  # returns None: the output stays
+
+        return record
+
     for name, m in tm.named_modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            handles.append(m.register_forward_hook(
-                lambda mod, args, out, name=name: counts.setdefault(name, args[0].numel() // args[0].shape[1])))
+            handles.append(m.register_forward_hook(hook(name)))
     try:
         with torch.no_grad():
             tm(*inputs, **(kwargs or {}))

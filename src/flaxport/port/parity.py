@@ -119,10 +119,10 @@ class _Report:
         table = [("#",) + (("step",) if steps else ()) + ("phase", "torch", "flax", "shape", "max_abs", "rel", "")]
         for i, r in enumerate(self.rows):
             status = "ok" if r.ok else ("FAIL <- first" if r is first else "FAIL")
-            extra = "; ".join(x for x in (r.note, r.cause) if x)
+            status += (f" ({r.note})" if r.note else "") + (f": {r.cause}" if r.cause else "")
             table.append((str(i),) + ((str(r.step or ""),) if steps else ()) + (
                 r.phase, r.torch_name, r.flax_name, "x".join(map(str, r.shape or ())), f"{r.max_abs:.3g}",
-                f"{r.max_rel:.3g}", status + (f" ({extra})" if extra else "")))
+                f"{r.max_rel:.3g}", status))
         widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
         return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
 
