@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import warnings
 
 import numpy as np
 
@@ -163,8 +164,12 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
     else:
         j_loss, loss_source = losses.jax_loss(loss_fn, example_out, t_targets)
 
+    if dtype == "float64" and not jax.config.jax_enable_x64:
+        raise UserError("the torch module is float64 but jax x64 is off: run check_step inside "
+                        "`with jax.enable_x64(True):` (or check in float32; a failing float32 check is rechecked "
+                        "in float64 by itself)")
     if is_translation(flax_side):
-        side = nnx_side(flax_side, tm, train, float64)
+        side = nnx_side(flax_side, tm, train, dtype == "float64")
     else:
         side = linen_side(flax_side, tm, inputs, train, variables, flatten_shapes, key_map, input_layout,
                           flax_kwargs, torch_kwargs)
@@ -189,7 +194,9 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
             t_stats = {k: v.detach().cpu().numpy().copy() for k, v in tm.state_dict().items() if k in side.stat_keys}
             opt.step()
             if sched is not None:
-                sched.step()
+                with warnings.catch_warnings():  # the copied optimizer's step is not the one the scheduler wrapped
+                    warnings.filterwarnings("ignore", message=".*optimizer.step.*")
+                    sched.step()
             counts.append(len(log.masks))
             with jax.default_matmul_precision("highest"):
                 f_loss, f_grads, params, rest, opt_state = step_fn(params, rest, opt_state, xs_j, ys_j,

@@ -135,11 +135,12 @@ class NNXSide:
         self.param_names = [n for n, _ in tm.named_parameters()]
         sd = tm.state_dict()
         self.stat_keys = {k for k in sd if k not in set(self.param_names)}
-        translation.load_state_dict(dict(sd))
+        if float64:  # first, so that load_state_dict keeps torch's float64 weights whole
+            nnx.update(translation.model, jax.tree.map(_float64, nnx.state(translation.model)))
+        # Clones: JAX may alias a NumPy view of a torch tensor on CPU, and torch's steps write in place.
+        translation.load_state_dict({k: v.detach().clone() for k, v in sd.items()})
         graphdef, state = nnx.split(translation.model)
         model = nnx.merge(graphdef, state)  # a second module over the same arrays: its mode changes, not t.model's
-        if float64:
-            nnx.update(model, jax.tree.map(_float64, nnx.state(model)))
         model.train() if train else model.eval()
         self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
         self.rngs = {}
@@ -163,7 +164,7 @@ class NNXSide:
             if a.size:
                 i = int(a.flat[0])
                 if 0 <= i < len(leaves):
-                    out[k] = "/".join(str(getattr(p, "key", getattr(p, "name", p))) for p in leaves[i][0])
+                    out[k] = "/".join(str(p.key) for p in leaves[i][0] if hasattr(p, "key"))
         return out
 
     def inputs(self, inputs):
@@ -205,7 +206,11 @@ class NNXSide:
         graphdef = self.graphdef
 
         def loss_of(params, rest, xs, ys, masks, rngs):
-            model = nnx.merge(graphdef, params, rest)
+            import jax
+
+            # Fresh Variables at this trace level (unflattening makes new ones): NNX refuses to mutate
+            # BatchNorm statistics created at the outer (jit) level from inside the gradient's trace.
+            model = nnx.merge(graphdef, params, jax.tree.map(lambda a: a, rest))
             fm = FlaxMasks(masks, dropout_mode, False)
             with fm.nnx():
                 out = model(*xs)
