@@ -139,6 +139,7 @@ class ParityReport(_Report):
     dropout: str = ""  # how dropout was handled in train mode
     recheck: str = ""  # what the float64 recheck found ("" when none ran)
     why: list = dataclasses.field(default_factory=list)  # docs/porting.md entries that explain rounding rows
+    float64_report: "ParityReport | None" = None  # the float64 recheck's own report, when one ran
 
     def to_dict(self) -> dict:
         first = self.first_divergence
@@ -409,6 +410,7 @@ def check_parity(torch_module, flax_module, variables, inputs, train: bool = Fal
         report.recheck = f"not possible ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         return report
     report.recheck = noise.classify(report.rows, report64.rows)
+    report.float64_report = report64
     report.why = noise.why(report.rows, torch_module, [to_torch_input(x) for x in inputs], torch_kwargs)
     return report
 

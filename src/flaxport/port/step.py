@@ -42,6 +42,7 @@ class StepReport(_Report):
     dropout: str = ""
     recheck: str = ""
     why: list = dataclasses.field(default_factory=list)
+    float64_report: "StepReport | None" = None  # the float64 recheck's own report, when one ran
 
     def to_dict(self) -> dict:
         first = self.first_divergence
@@ -118,6 +119,7 @@ def check_step(torch_module, torch_optimizer, loss_fn, flax_model_or_translation
     from flaxport.port.weights import to_torch_input
 
     report.recheck = noise.classify(report.rows, report64.rows)
+    report.float64_report = report64
     report.why = noise.why(report.rows, torch_module, [to_torch_input(x) for x in inputs], torch_kwargs,
                            optimizer_name(torch_optimizer))
     return report

@@ -131,7 +131,7 @@ class NNXSide:
         from flax import nnx
 
         self.t = translation
-        self.snapshot = nnx.state(translation.model)
+        self.snapshot = _copy_state(translation.model)
         self.param_names = [n for n, _ in tm.named_parameters()]
         sd = tm.state_dict()
         self.stat_keys = {k for k in sd if k not in set(self.param_names)}
@@ -142,7 +142,8 @@ class NNXSide:
         graphdef, state = nnx.split(translation.model)
         model = nnx.merge(graphdef, state)  # a second module over the same arrays: its mode changes, not t.model's
         model.train() if train else model.eval()
-        self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
+        self.graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        self.params, self.rest = jax.tree.map(lambda a: a, params), jax.tree.map(lambda a: a, rest)  # detached
         self.rngs = {}
         self.flax_names = self._names()
 
@@ -175,7 +176,7 @@ class NNXSide:
         import torch
         from flax import nnx
 
-        saved = nnx.state(self.t.model)
+        saved = _copy_state(self.t.model)
         try:
             full = {k: np.asarray(v) for k, v in self.t.state_dict().items()}
             full.update({k: np.asarray(v) for k, v in tensors.items()})
@@ -192,7 +193,7 @@ class NNXSide:
     def stats_to_torch(self, params, rest) -> dict:
         from flax import nnx
 
-        saved = nnx.state(self.t.model)
+        saved = _copy_state(self.t.model)
         try:
             nnx.update(self.t.model, rest)
             sd = self.t.state_dict()
@@ -228,6 +229,14 @@ class NNXSide:
         from flax import nnx
 
         nnx.update(self.t.model, self.snapshot)
+
+
+def _copy_state(model):
+    """The model's variables as they are now: nnx.state holds the live Variables, so rebuild them."""
+    import jax
+    from flax import nnx
+
+    return jax.tree.map(lambda a: a, nnx.state(model))
 
 
 def _float64(a):

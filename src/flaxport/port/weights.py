@@ -377,12 +377,7 @@ def build_key_map(torch_module, flax_module, example_input, *, flatten_shapes=No
         flax_leaves.setdefault(path[1:-1], {})[(path[0], path[-1])] = shape
     order = {p: i for i, p in enumerate(calls)}
     flax_paths = sorted(flax_leaves, key=lambda p: order.get(p, len(order)))
-    flax_info = {p: _flax_kind(calls.get(p), flax_leaves[p]) for p in flax_paths}
-    for p, (kind, _) in flax_info.items():
-        if not kind:
-            raise UnsupportedLayerError(f"Flax layer {'/'.join(p)!r} ({type(calls.get(p)).__name__}, variables "
-                                        f"{sorted('/'.join(t) for t in flax_leaves[p])}) is not a type flaxport.port "
-                                        "converts")
+    flax_info = {p: _flax_kind(calls.get(p), flax_leaves[p]) for p in flax_paths}  # kind "": pairs by name only
 
     # torch layers: owner module name -> [state_dict keys], in first-call order.
     sd = torch_module.state_dict()
@@ -412,7 +407,7 @@ def build_key_map(torch_module, flax_module, example_input, *, flatten_shapes=No
         p = by_canon.get(canonical(n))
         if p is not None and p in flax_left:
             fk = flax_info[p][0]
-            if not _compatible(torch_kinds[n], fk):
+            if fk and not _compatible(torch_kinds[n], fk):
                 raise PortError(f"torch {n!r} is {type(mods[n]).__name__} ({torch_kinds[n]}) but the Flax layer "
                                 f"of the same name {'/'.join(p)!r} is {type(calls.get(p)).__name__} ({fk or '?'})")
             pairs.append(LayerPair(n, p, torch_kinds[n]))
@@ -430,6 +425,11 @@ def build_key_map(torch_module, flax_module, example_input, *, flatten_shapes=No
     if flax_left:
         p = flax_left[0]
         leaf = next(iter(flax_leaves[p]))
+        if not flax_info[p][0]:
+            raise UnsupportedLayerError(f"Flax layer {'/'.join(p)!r} ({type(calls.get(p)).__name__}, variables "
+                                        f"{sorted('/'.join(t) for t in flax_leaves[p])}) is not a type flaxport.port "
+                                        "converts: name it as its torch layer, or register_converter(TorchType, fn, "
+                                        f"flax_types=({type(calls.get(p)).__name__},))")
         raise MissingKeyError(f"Flax {'/'.join((leaf[0],) + p + (leaf[1],))!r} ({type(calls.get(p)).__name__}) "
                               f"has no torch counterpart: every torch layer is paired already")
     pairs.sort(key=lambda pr: torch_names.index(pr.torch_name))
