@@ -17,7 +17,7 @@ import copy
 
 import numpy as np
 
-from flaxport.port.parity import REAL, ROUNDING
+from flaxport.port.report import REAL, ROUNDING
 
 GUIDE = "docs/porting.md"
 

@@ -25,7 +25,8 @@ import warnings
 import numpy as np
 
 from flaxport.errors import UserError
-from flaxport.port.parity import Row, _Report, _TorchPrecision, compare
+from flaxport.port.parity import _TorchPrecision, compare
+from flaxport.port.report import Row, _Report
 
 
 @dataclasses.dataclass

@@ -22,6 +22,10 @@ The map is driven by both trees (the HF / jformers approach, docs: porting pitfa
    BatchNorm running_mean/var             batch_stats mean/var     (num_batches_tracked dropped)
    LayerNorm/GroupNorm weight/bias        scale/bias
    Embedding.weight (V, D)                embedding (V, D)
+   LSTM/GRU weight_ih_l0 (G*H, I), ...    kernel_ih_l0 (I, G*H) .T; both biases kept (flaxport.nn.LSTM/GRU)
+
+   The table is a registry of per-layer converters (port/converters.py); a layer type it does
+   not know is one `register_converter(TorchType, fn)` away.
 
 Strict: a torch tensor without a Flax slot, a Flax variable without a torch tensor, or a
 shape that differs after conversion raises a PortError (a UserError) naming both paths.
@@ -37,8 +41,7 @@ from typing import Any
 import numpy as np
 
 from flaxport.errors import UserError
-from flaxport.port.converters import (DROP, FlattenedLinear, Permute, Slot, channels_first_kind, conversion,
-                                      converter_for, flax_converter_for)
+from flaxport.port.converters import DROP, FlattenedLinear, Slot, conversion, converter_for, flax_converter_for
 
 
 class PortError(UserError):
