@@ -120,10 +120,15 @@ def test_builtin_layers_use_the_same_registry(registry):
         def __call__(self, x):
             return OutInDense(3, name="lin")(x)
 
-    tm, x = torch.nn.Sequential(torch.nn.Linear(4, 3)), torch.randn(2, 4)
-    tm.lin = tm[0]
-    del tm._modules["0"]
-    tm.forward = lambda inp: tm.lin(inp)
+    class Torch(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    tm, x = Torch(), torch.randn(2, 4)
     conv = registry(torch.nn.Linear, {"weight": "weight", "bias": "bias"}, flax_types=(OutInDense,))
     variables = port_weights(tm, Net(), x)
     np.testing.assert_array_equal(variables["params"]["lin"]["weight"], tm.lin.weight.detach().numpy())

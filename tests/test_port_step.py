@@ -269,3 +269,25 @@ def test_loss_table_matches_torch_float64(name):
     with jax.enable_x64(True):
         got = float(fn(jnp.asarray(out.numpy()), jnp.asarray(target.numpy())))
     assert got == pytest.approx(want, rel=1e-12, abs=1e-14)
+
+
+def test_recheck_says_when_the_flax_side_cannot_compute_in_float64():
+    """A Flax twin with a dtype fixed to float32 stays float32 under float64 weights: the recheck
+    cannot tell rounding from bugs, says so, and the float32 verdict stands."""
+    class Fixed(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = jnp.tanh(nn.Dense(8, dtype=jnp.float32, name="fc1")(x))
+            return nn.Dense(3, dtype=jnp.float32, name="fc2")(h) + 1e-3  # and a bug
+    class Torch(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(5, 8), torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.fc2(torch.tanh(self.fc1(x)))
+
+    tm, x = Torch(), torch.randn(4, 5)
+    report = check_parity(tm, Fixed(), build_key_map(tm, Fixed(), x).to_flax(tm.state_dict()), x)
+    assert not report.ok and report.recheck.startswith("not possible: with float64 weights and inputs the Flax "
+                                                       "side still computes in float32"), str(report)

@@ -20,6 +20,8 @@ import numpy as np
 from flaxport.port.report import REAL, ROUNDING
 
 GUIDE = "docs/porting.md"
+NOT_FLOAT64 = ("not possible: with float64 weights and inputs the Flax side still computes in {} (a dtype "
+               "fixed in the model?), so rounding cannot be told from bugs here")
 
 
 def is_float32(*trees) -> bool:

@@ -292,6 +292,9 @@ def check_parity(torch_module, flax_module, variables, inputs, train: bool = Fal
     except Exception as e:  # the model cannot run in float64: keep the float32 verdict, say why
         report.recheck = f"not possible ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         return report
+    if report64.flax_dtype and report64.flax_dtype != "float64":
+        report.recheck = noise.NOT_FLOAT64.format(report64.flax_dtype)
+        return report
     report.recheck = noise.classify(report.rows, report64.rows)
     report.float64_report = report64
     report.why = noise.why(report.rows, torch_module, [to_torch_input(x) for x in inputs], torch_kwargs)
@@ -345,7 +348,9 @@ def _check(torch_module, flax_module, variables, inputs, *, train, loss_fn, atol
         for k, g in t_grads.items():
             if k in ported:
                 rows.append(Row("grad", k, flax_name[k], flax_shape[k], *compare(g, ported[k], atol, rtol)))
-    return ParityReport(rows, train, atol, rtol, dropout=describe(dropout, [len(log.masks)], notes) if train else "")
+    report = ParityReport(rows, train, atol, rtol, dropout=describe(dropout, [len(log.masks)], notes) if train else "")
+    report.flax_dtype = str(f_out[0].dtype) if f_out else ""
+    return report
 
 
 def _forward_rows(km, mods, t_caps, f_caps, cf, atol, rtol) -> list:

@@ -114,6 +114,7 @@ class ParityReport(_Report):
     recheck: str = ""  # what the float64 recheck found ("" when none ran)
     why: list = dataclasses.field(default_factory=list)  # docs/porting.md entries that explain rounding rows
     float64_report: "ParityReport | None" = None  # the float64 recheck's own report, when one ran
+    flax_dtype: str = ""  # the dtype the Flax side's output came out in
 
     def to_dict(self) -> dict:
         first = self.first_divergence

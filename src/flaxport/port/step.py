@@ -44,6 +44,7 @@ class StepReport(_Report):
     recheck: str = ""
     why: list = dataclasses.field(default_factory=list)
     float64_report: "StepReport | None" = None  # the float64 recheck's own report, when one ran
+    flax_dtype: str = ""  # the dtype the Flax side's loss came out in
 
     def to_dict(self) -> dict:
         first = self.first_divergence
@@ -119,6 +120,9 @@ def check_step(torch_module, torch_optimizer, loss_fn, flax_model_or_translation
     from flaxport.port.optim import optimizer_name
     from flaxport.port.weights import to_torch_input
 
+    if report64.flax_dtype != "float64":
+        report.recheck = noise.NOT_FLOAT64.format(report64.flax_dtype)
+        return report
     report.recheck = noise.classify(report.rows, report64.rows)
     report.float64_report = report64
     report.why = noise.why(report.rows, torch_module, [to_torch_input(x) for x in inputs], torch_kwargs,
@@ -181,7 +185,7 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
         opt_state = optax_state_from_torch(tx, opt, tm, side.params, side.params_from_torch, sched)
         frozen = {n for n, p in tm.named_parameters() if not _optimized(opt, p)}
         step_fn = side.step_fn(j_loss, tx, frozen, dropout)
-        rows, counts = [], []
+        rows, counts, flax_dtype = [], [], ""
         rng = np.random.default_rng(seed)
         params, rest = side.params, side.rest
         xs_j, ys_j = side.inputs(inputs), losses.as_jax_targets(targets)
@@ -204,6 +208,7 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
             with jax.default_matmul_precision("highest"):
                 f_loss, f_grads, params, rest, opt_state = step_fn(params, rest, opt_state, xs_j, ys_j,
                                                                    [m for m, _, _ in log.masks], side.rngs)
+            flax_dtype = flax_dtype or str(np.asarray(f_loss).dtype)
             rows.append(Row("loss", "loss", "loss", (), *compare(t_loss.detach().cpu().numpy(), np.asarray(f_loss),
                                                                   atol, rtol), step=s))
             g = side.params_to_torch(f_grads)
@@ -218,7 +223,7 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
     finally:
         side.restore()
     return StepReport(rows, steps, dtype, _describe_optimizer(torch_optimizer, scheduler), loss_source, atol, rtol,
-                      dropout=describe(dropout, counts, notes))
+                      dropout=describe(dropout, counts, notes), flax_dtype=flax_dtype)
 
 
 def _torch_targets(targets):
