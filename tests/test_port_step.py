@@ -189,8 +189,8 @@ def test_flax_kwargs_rngs_in_train_mode():
 # --------------------------------------------------------------------------- a translation
 def test_translation_adamw_steplr_float32_and_float64():
     """A translation (the fake one: nnx model, load_state_dict, state_dict(tree)): BatchNorm
-    statistics with num_batches_tracked, AdamW under StepLR, dropout masks made equal; float64 exact.
-    The translation's model keeps its weights and its mode."""
+    statistics with num_batches_tracked, AdamW under StepLR, dropout masks made equal; float32 rows
+    classified and float64 exact. The translation's model keeps its weights and its mode."""
     from flax import nnx
 
     torch.manual_seed(0)
@@ -213,12 +213,10 @@ def test_translation_adamw_steplr_float32_and_float64():
     assert {r.flax_name for r in report.rows if r.phase == "param"} >= {"fc1/kernel", "bn/weight"}
     assert all(np.array_equal(a, b) for a, b in zip(before, values(t.model)))
     assert t.model.bn.use_running_average and t.model.drop.deterministic  # still in eval mode
-    with jax.enable_x64(True):
-        tm64 = fake_translation.TorchNet().double()
-        t64 = fake_translation.FakeTranslation(tm64)
-        report = check_step(tm64, torch.optim.Adam(tm64.parameters(), lr=1e-2), F.cross_entropy, t64,
-                            (x.double(), y), steps=3, atol=1e-10, rtol=1e-10)
-    assert report.strict_ok, str(report)
+    # float32's rows off (BatchNorm over 8 values, AdamW on the zero-gradient fc1.bias) were rechecked
+    # in float64, where the translation's weights are float64 too: every row within 1e-10
+    assert not report.strict_ok and report.float64_report is not None, str(report)
+    assert max(r.max_abs for r in report.float64_report.rows) < 1e-10
 
 
 # --------------------------------------------------------------------------- what cannot be carried across
