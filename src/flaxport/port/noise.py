@@ -114,8 +114,9 @@ def why(rows: list, torch_module, inputs, kwargs=None, optimizer: str | None = N
         name, count = min(few.items(), key=lambda kv: kv[1])
         out.append(f"BatchNorm {name!r} normalises over {count} values per channel in train mode, which amplifies "
                    f"rounding in its outputs and gradients ({GUIDE}, entry 28)")
-    if optimizer in ("adam", "adamw", "rmsprop", "adagrad") and any(r.phase in ("param", "moment") for r in rounding):
-        out.append(f"{optimizer} divides by the gradient's own size, so gradients near zero (rounding noise, e.g. a "
+    label = {"adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}.get(optimizer or "")
+    if label and any(r.phase in ("param", "moment") for r in rounding):
+        out.append(f"{label} divides by the gradient's own size, so gradients near zero (rounding noise, e.g. a "
                    f"bias before a BatchNorm) become steps of up to lr that differ between frameworks ({GUIDE}, "
                    "entry 22)")
     pools = any(isinstance(m, (torch.nn.MaxPool1d, torch.nn.MaxPool2d, torch.nn.MaxPool3d))
