@@ -101,6 +101,7 @@ def _classifier(dtype):
     return tm, FlaxLSTMClassifier(), tokens, labels
 
 
+@pytest.mark.slow
 def test_lstm_classifier_three_adam_steps_float64():
     """check_step with the hand-written twin: loss, gradients, parameters and Adam's moments agree
     for 3 steps (the between-layer dropout off on both sides, which the report says); in float32
