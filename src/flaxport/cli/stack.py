@@ -40,11 +40,14 @@ def run(args, workload, config) -> int:
     from flaxport.bench import sweep as sweep_report
     from flaxport.harness import vmap
 
+    from flaxport.harness.metrics import steps_per_epoch
+
     sweep = vmap.parse_sweep(config, args.sweep)
-    members = vmap.plan(args.seed, args.seeds, sweep)
     workdir = args.workdir or common.default_workdir(workload.name, "jax", config.variant, "stack")
     data = common.load_data(workload, config, args)
     config = workload.configure(config, data) if workload.configure else config
+    vmap.check_memory(workload, config, vmap.count(args.seeds, sweep), data, steps_per_epoch(data, config.batch_size))
+    members = vmap.plan(args.seed, args.seeds, sweep)
     info(f"{workload.name}: training {len(members)} members as one jax program on {data.name} "
          f"({config.variant} config) in {workdir}")
     results = vmap.train_stack(workload, config, members, workdir=workdir, epochs=args.epochs, resume=args.resume,

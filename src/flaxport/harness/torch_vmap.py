@@ -94,7 +94,7 @@ def train(workload, config, seeds: list, *, workdir, epochs: int | None = None, 
     epochs = config.epochs if epochs is None else epochs
     workdir = Path(workdir)
     identity = {"workload": workload.name, "framework": "torch"}
-    options = dataclasses.replace(TUNED, name=NAME)
+    options = dataclasses.replace(TUNED, name=NAME, channels_last=False)  # MLP twins: no memory format
     dirs = [workdir / f"seed{s}" for s in seeds]
     for write in (False, True):
         for d, s in zip(dirs, seeds):

@@ -107,6 +107,11 @@ def parse_sweep(config, items: list) -> list:
     return out
 
 
+def count(seeds: int | None, sweep: list) -> int:
+    """How many members `plan` makes (without making them)."""
+    return math.prod(len(values) for _, values in sweep) * (seeds or 1)
+
+
 def plan(seed: int, seeds: int | None, sweep: list) -> list:
     """Members for `--seed S --seeds K --sweep ...`: the sweep's cross product, times the
     seeds S..S+K-1. Names: `seed2`; `lr=3e-4_b1=0.5`; `lr=3e-4_b1=0.5_seed2`."""
@@ -245,24 +250,25 @@ def member_bytes(workload, config, data, steps: int) -> tuple[int, int]:
     return _nbytes(shape), batch
 
 
-def check_memory(workload, config, members: list, data, steps: int, runner: StackRunner | None = None) -> int:
+def check_memory(workload, config, k: int, data, steps: int, runner: StackRunner | None = None) -> int:
     """Refuse, before anything is allocated, a stack that cannot fit; returns the estimate (bytes).
 
     Without a compiled runner: K x (state, its update, the gradients: 3 states, plus the
     epoch's batches). With one: XLA's own figures for the compiled epoch (arguments,
     outputs, temporaries) plus the member copies taken for evaluation."""
-    k = len(members)
     state, batches = member_bytes(workload, config, data, steps)
     estimate = k * (3 * state + batches)
+    how = f"3 x its {_mib(state)} state (state, update, gradients) and {_mib(batches)} of epoch batches"
     mem = runner.memory() if runner is not None else None
     if mem is not None:
-        estimate = max(estimate, mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-                       + mem.temp_size_in_bytes + k * state)
+        compiled = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+                    + mem.temp_size_in_bytes + k * state)
+        if compiled > estimate:
+            estimate, how = compiled, "XLA's figures for the compiled epoch, plus a copy of its state for evaluation"
     free = available_bytes()
     if free is not None and estimate > 0.9 * free:
-        raise UserError(f"{k} members need about {_gib(estimate)} ({_mib(estimate / k)} each: state "
-                        f"{_mib(state)}, epoch batches {_mib(batches)}, step work), {_gib(free)} free; "
-                        f"train fewer members at once")
+        raise UserError(f"{k} members need about {_gib(estimate)} ({_mib(estimate / k)} each: {how}), "
+                        f"{_gib(free)} free; train fewer members at once")
     return estimate
 
 
@@ -271,7 +277,7 @@ def _gib(n) -> str:
 
 
 def _mib(n) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 / 10 else f"{n / 2**10:.0f} KiB"
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -301,11 +307,11 @@ def train_stack(workload, config, members: list, *, workdir, epochs: int | None 
     epochs = config.epochs if epochs is None else epochs
     workdir = Path(workdir)
     k = len(members)
+    steps = steps_per_epoch(data, config.batch_size)
+    check_memory(workload, config, k, data, steps)  # before compiling or allocating anything
     if len({m.name for m in members}) != k:
         raise UserError("two members of the stack have the same name")
     configs = [dataclasses.replace(config, **m.settings) for m in members]
-    steps = steps_per_epoch(data, config.batch_size)
-    check_memory(workload, config, members, data, steps)  # before compiling or allocating anything
 
     # Compile from shapes: the memory check sees XLA's figures before a state exists.
     member_shape = jax.eval_shape(lambda: workload.init_state(config, jax.random.key(0)))
@@ -320,7 +326,7 @@ def train_stack(workload, config, members: list, *, workdir, epochs: int | None 
         hint = ("; conv_impl=native has no batching rule: add --set conv_impl=im2col"
                 if getattr(config, "conv_impl", None) == "native" else "")
         raise UserError(f"{workload.name} cannot be vectorised with these settings: {first}{hint}") from e
-    check_memory(workload, config, members, data, steps, runner)
+    check_memory(workload, config, k, data, steps, runner)
 
     _check_stack_dir(workdir, resume)
     identity = {"workload": workload.name, "framework": "jax"}
