@@ -323,9 +323,7 @@ def train_stack(workload, config, members: list, *, workdir, epochs: int | None 
         compile_seconds = runner.compile(abstract, data_spec, {"data": key_spec, "train": key_spec})
     except Exception as e:  # noqa: BLE001 - a step that cannot be batched (an FFI call without a rule, ...)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        hint = ("; conv_impl=native has no batching rule: add --set conv_impl=im2col"
-                if getattr(config, "conv_impl", None) == "native" else "")
-        raise UserError(f"{workload.name} cannot be vectorised with these settings: {first}{hint}") from e
+        raise UserError(f"{workload.name} cannot be vectorised with these settings: {first}") from e
     check_memory(workload, config, k, data, steps, runner)
 
     _check_stack_dir(workdir, resume)
