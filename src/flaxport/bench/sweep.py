@@ -102,7 +102,7 @@ def plot(rep: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     keys = list(rep["swept"])
-    title = f"{rep['workload']} ({rep['variant']}, {rep['epochs']} epochs): final {metric}, mean over seeds"
+    title = f"{rep['workload']} ({rep['variant']}, {rep['epochs']} epochs): final {metric}, mean ± std over seeds"
     if len(keys) == 2:
         a, b = keys
         va, vb = rep["swept"][a], rep["swept"][b]
@@ -128,7 +128,10 @@ def plot(rep: dict, path: Path) -> Path | None:
         xs = [r["settings"][a] for r in rows]
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
         ax.errorbar(xs, [r["quality"][metric]["mean"] for r in rows], yerr=[r["quality"][metric]["std"] for r in rows],
-                    marker="o", capsize=3)
+                    marker="o", capsize=3, label="mean ± std")
+        seeds = [(m["settings"][a], m["quality"][metric]) for m in rep["members"] if m["quality"]]
+        ax.scatter(*zip(*seeds), s=12, color="tab:gray", alpha=0.6, label="each seed", zorder=3)
+        ax.legend(fontsize=8)
         if min(xs) > 0 and max(xs) / min(xs) >= 10:
             ax.set_xscale("log")
         ax.set_xlabel(a)
