@@ -337,7 +337,6 @@ def train_stack(workload, config, members: list, *, workdir, epochs: int | None 
     member_keys = [rng.streams(m.seed) for m in members]
     states = [workload.init_state(c, kk["init"]) for c, kk in zip(configs, member_keys)]
     treedefs = [jax.tree_util.tree_structure(s) for s in states]
-    initial = [jax.device_get(s) for s in states]  # a dropped member's slot restarts from here
     # Dressed in the static fields the program was compiled with (from the shapes above).
     state = jax.tree_util.tree_unflatten(runner.treedef, jax.tree_util.tree_leaves(stack_states(states)))
     del states
@@ -378,6 +377,7 @@ def train_stack(workload, config, members: list, *, workdir, epochs: int | None 
             seconds = run_seconds + first.get("compile_seconds", 0.0)
             epoch_seconds.append(seconds)
             finite = runner.finite(state)
+            members_now = None  # one set of member copies at a time
             members_now = runner.split(state, treedefs)
             for i, m in enumerate(members):
                 if m.name in dropped:
@@ -395,9 +395,10 @@ def train_stack(workload, config, members: list, *, workdir, epochs: int | None 
             if len(dropped) == k:
                 raise TrainingDiverged(f"every member of the stack diverged (first: {members[0].name}: "
                                        f"{dropped[members[0].name]})")
-            for i, m in enumerate(members):  # a dropped member's NaNs must not reach a checkpoint
-                if m.name in dropped and not finite[i]:
-                    fresh = jax.tree_util.tree_unflatten(runner.treedef, jax.tree_util.tree_leaves(initial[i]))
+            for i, m in enumerate(members):  # a dropped member's NaNs must not reach a checkpoint:
+                if m.name in dropped and not finite[i]:  # its slot restarts from its initial state
+                    fresh = workload.init_state(configs[i], member_keys[i]["init"])
+                    fresh = jax.tree_util.tree_unflatten(runner.treedef, jax.tree_util.tree_leaves(fresh))
                     state = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), state, fresh)
             if not quiet:
                 info(_console_line(epoch, epochs, members, logs, dropped, seconds))
