@@ -104,7 +104,7 @@ def vae_stack(tmp_path_factory):
 def test_vae_members_match_their_single_runs_to_float32_rounding(vae_stack, tmp_path):
     work, data, results = vae_stack
     config = VAE.get_config("smoke")
-    for seed in (0, 1):
+    for seed in (1,):  # member 1 of 4: a stack that mixed its members up would fail here
         single = loop.train(VAE, config, workdir=tmp_path / str(seed), seed=seed, data=data, progress=False, quiet=True)
         member = results[f"lr=1e-3_seed{seed}"]
         # XLA's batched matmuls round differently from the single run's: close, not equal.
