@@ -3,7 +3,6 @@ each, resume after SIGKILL to the same bits, bad input refused in one line."""
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys

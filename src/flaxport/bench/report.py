@@ -178,7 +178,7 @@ def to_markdown(rep: dict) -> str:
         if sequential and max(sequential) < max(x.get("members", 1) for x in rep["summary"]):
             lines.append(f"The runs that train one seed at a time trained the first {max(sequential)} of the "
                          f"{max(x.get('members', 1) for x in rep['summary'])} seeds (`--sequential-seeds`; torch-eager "
-                         "the first only); their rates are per member, so they do not depend on how many.")
+                         "the first only): their rates are per member, so they do not depend on how many.")
     stacked = {r["name"]: r for r in rep["runs"] if "members" in r.get("settings", {})}
     for name, r in stacked.items():
         kind = "one vmapped lax.scan program" if r["framework"] == "jax" else "one torch.func.vmap program"

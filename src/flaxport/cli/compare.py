@@ -19,11 +19,11 @@ def add_parser(sub):
     p.add_argument("--runs", default=None,
                    help=f"comma-separated subset of {','.join(RUNS)} (default: all the workload has)")
     p.add_argument("--seeds", type=int, default=1,
-                   help="seeds SEED..SEED+N-1: jax-vmap/torch-vmap train them all as one program, the other runs "
-                        "one after another (see --sequential-seeds; torch-eager the first only)")
+                   help="seeds SEED..SEED+N-1: every run trains them all (jax-vmap and torch-vmap, added when N > 1, "
+                        "as one program each)")
     p.add_argument("--sequential-seeds", type=int, default=None, metavar="M",
-                   help="with --seeds N: the runs that train seed after seed take the first M seeds "
-                        "(default: min(N, 4); their member-steps/s does not depend on M)")
+                   help="with --seeds N: the runs that train one seed at a time take only the first M seeds, "
+                        "torch-eager the first one (a speed comparison: member-steps/s does not depend on M)")
     p.set_defaults(run=run)
 
 
@@ -42,7 +42,7 @@ def run(args) -> int:
         raise UserError(f"the keras-jax run needs Keras on JAX, but KERAS_BACKEND={os.environ['KERAS_BACKEND']}")
     if args.seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {args.seeds}")
-    sequential = min(args.seeds, 4) if args.sequential_seeds is None else args.sequential_seeds
+    sequential = args.seeds if args.sequential_seeds is None else args.sequential_seeds
     if not 1 <= sequential <= args.seeds:
         raise UserError(f"--sequential-seeds must be 1 to --seeds ({args.seeds}), got {sequential}")
     seeds = list(range(args.seed, args.seed + args.seeds))
@@ -63,8 +63,8 @@ def run(args) -> int:
             info(f"-- {name} (seeds {seeds[0]}-{seeds[-1]} as one program)")
             results += _run_vectorised(name, workload, config, workdir / name, seeds, members, args.epochs, data, args)
             continue
-        # torch-eager is the one-seed baseline; the sequential runs time a subset of a large --seeds.
-        for seed in seeds[:1 if name == "torch-eager" and args.seeds > 1 else sequential]:
+        # With --sequential-seeds the one-seed-at-a-time runs time a subset, torch-eager one seed.
+        for seed in seeds[:1 if name == "torch-eager" and args.sequential_seeds else sequential]:
             run_dir = workdir / (name if args.seeds == 1 else f"{name}-seed{seed}")
             info(f"-- {name} (seed {seed})")
             results.append((seed, _run_one(name, workload, config, run_dir, seed, args.epochs, data, args)))
