@@ -52,6 +52,7 @@ def _stack_member_state(stack, epochs_done: int, index: int) -> dict:
     return {k: v[index] for k, v in jax_state(stack, epochs_done).items()}
 
 
+@pytest.mark.slow
 def test_gan_members_match_their_single_runs(gan_stack, tmp_path):
     import dataclasses
 
@@ -70,6 +71,7 @@ def test_gan_members_match_their_single_runs(gan_stack, tmp_path):
         assert saved["config"]["d_lr"] == d_lr and saved["config"]["seed"] == seed
 
 
+@pytest.mark.slow
 def test_every_member_is_a_run_directory_and_the_sweep_is_summarised(gan_stack, capsys):
     for name in GAN_MEMBERS:
         assert {"config.json", "metrics.jsonl", "histogram.png", "checkpoints"} <= {p.name for p in (gan_stack / name).iterdir()}
@@ -100,6 +102,7 @@ def vae_stack(tmp_path_factory):
     return work, data, {m.name: r for m, r in zip(members, results)}
 
 
+@pytest.mark.slow
 def test_vae_members_match_their_single_runs_to_float32_rounding(vae_stack, tmp_path):
     work, data, results = vae_stack
     config = VAE.get_config("smoke")
@@ -112,6 +115,7 @@ def test_vae_members_match_their_single_runs_to_float32_rounding(vae_stack, tmp_
             assert member.history[0]["train"][key] == pytest.approx(value, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_a_diverging_member_is_dropped_and_the_others_finish(vae_stack):
     work, _, results = vae_stack
     for seed in (0, 1):
