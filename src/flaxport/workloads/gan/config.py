@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    # Fields `train --sweep` may vary inside one vectorised program (no shape depends on them;
+    # bn_eps is a static argument of the BatchNorm's custom gradient, so it cannot be traced).
+    SWEEPABLE: ClassVar[tuple] = ("g_lr", "d_lr", "b1", "b2", "adam_eps", "bn_momentum")
+
     variant: str = "default"
     # Models: Linear -> BatchNorm1d -> ReLU, last Linear to 1.
     z_dim: int = 512
