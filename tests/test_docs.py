@@ -86,6 +86,9 @@ def commands(page: Path) -> list:
     return found
 
 
+PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*(?:,[A-Z][A-Z0-9_]*)*")
+
+
 def _argv(line: str):
     m = COMMAND.search(line)
     if not m:
@@ -93,7 +96,10 @@ def _argv(line: str):
     rest = SHELL_VALUE.sub("1", m.group(1))
     rest = re.split(r"\s#|&&|\|\||;|\||&", rest)[0]
     words = rest.replace("'", "").replace('"', "").split()  # quotes only group words here
-    return None if "..." in words else words
+    # A synopsis (`flaxport train WORKLOAD --seeds K`) names its values in capitals: it is
+    # not a command a user pastes, so only complete commands are parsed.
+    synopsis = any(PLACEHOLDER.fullmatch(w.split("=")[-1]) for w in words)
+    return None if "..." in words or synopsis else words
 
 
 def test_every_relative_link_resolves():
