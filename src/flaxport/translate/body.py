@@ -191,7 +191,7 @@ class BodyRenderer:
         for u in self.units:
             self._emit(u)
         self.lines.append(self._return(outputs))
-        params = self.plan.param_names(self.frame)
+        params = self.capture.input_names if self.frame.parent is None else self.plan.param_names(self.frame)
         return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
                     list(outputs), self.imports)
 

@@ -99,7 +99,8 @@ class Capture:
     root: Frame
     placeholders: dict  # fx node -> Placeholder
     user_inputs: list  # fx placeholder nodes of the tensor inputs, in order
-    input_names: list  # the forward's parameter name for each user input
+    input_names: list  # the generated __call__'s parameters: forward arguments holding tensors
+    input_access: list  # per user input, how to read it from those parameters ('x', 'batch[0]')
     outputs: list  # flat outputs: fx node, or a python constant
     out_spec: object  # torch.utils._pytree.TreeSpec of the forward's output
     buffer_updates: dict  # buffer target -> fx node holding its new value
@@ -217,14 +218,14 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
         program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic)
     graph = program.graph
     placeholders, user_inputs = _placeholders(program)
-    names = _input_names(m, args, kwargs, len(user_inputs))
+    names, access = input_paths(m, args, kwargs, len(user_inputs))
     buffer_updates = functionalize(graph, placeholders)
     _drop_pass_through(graph)
     _eliminate_dead_code(graph, set(buffer_updates.values()))
     output = next(n for n in graph.nodes if n.op == "output")
     outputs = list(output.args[0])
     root = build_frames(graph, m)
-    return Capture("train" if train else "eval", program, graph, root, placeholders, user_inputs, names, outputs,
+    return Capture("train" if train else "eval", program, graph, root, placeholders, user_inputs, names, access, outputs,
                    program.call_spec.out_spec, buffer_updates, is_dynamic, m)
 
 
@@ -257,19 +258,55 @@ def _placeholders(program):
     return out, inputs
 
 
-def _input_names(module, args, kwargs, count):
-    """The forward's parameter name of each tensor input (positional first, then keywords)."""
-    import torch
-
+def signature_arguments(module, args, kwargs):
+    """[(name, value)] of the forward's arguments in signature order (keywords after the
+    positional ones, in the order forward declares them, as torch.export reads them)."""
     try:
-        params = [p for p in inspect.signature(module.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         params = []
-    names = [params[i].name if i < len(params) else f"input{i}" for i, a in enumerate(args) if torch.is_tensor(a)]
-    names += [k for k, v in kwargs.items() if torch.is_tensor(v)]
-    names = names if len(names) == count else [f"input{i}" for i in range(count)]
-    return [_identifier(n) for n in names]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    out = [(positional[i].name if i < len(positional) else f"input{i}", a) for i, a in enumerate(args)]
+    order = [p.name for p in params]
+    out += sorted(kwargs.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+    return out
+
+
+def input_paths(module, args, kwargs, count):
+    """(the generated __call__'s parameter names, how each tensor input is read from them).
+
+    Tensors nested in an argument (a tuple, a dict, a HF ModelOutput) are read by indexing:
+    `outputs[0]`, `batch['pixels']`."""
+    import torch
+    from torch.utils import _pytree
+
+    names, access = [], []
+    for name, value in signature_arguments(module, args, kwargs):
+        if hasattr(value, "to_tuple"):  # a HF ModelOutput arrives as the tuple the translation returns
+            value = value.to_tuple()
+        leaves = _pytree.tree_flatten_with_path(value)[0]
+        tensors = [(path, leaf) for path, leaf in leaves if torch.is_tensor(leaf)]
+        if not tensors:
+            continue
+        ident = _identifier(name)
+        names.append(ident)
+        for path, _ in tensors:
+            access.append(ident + "".join(_key_text(k) for k in path))
+    if len(access) != count:
+        return [f"input{i}" for i in range(count)], [f"input{i}" for i in range(count)]
+    return names, access
+
+
+def _key_text(key) -> str:
+    from torch.utils import _pytree
+
+    if isinstance(key, _pytree.SequenceKey):
+        return f"[{key.idx}]"
+    if isinstance(key, _pytree.MappingKey):
+        return f"[{key.key!r}]"
+    if isinstance(key, _pytree.GetAttrKey):
+        return f".{key.name}"
+    return str(key)
 
 
 def _identifier(name: str) -> str:

@@ -7,6 +7,7 @@ calls first (they do not depend on classes), then constructors bottom-up (a pare
 from __future__ import annotations
 
 import difflib
+import keyword
 import math
 import re
 
@@ -332,6 +333,8 @@ def _group(plan, cls, instances, names_taken):
         variants.setdefault(key, []).append(inst)
     ordered = list(variants.values())
     base_name = _safe_name(cls.__name__)
+    if keyword.iskeyword(base_name):
+        base_name += "_"
     first_attrs = _attrs(ordered[0][0])
     for k, group in enumerate(ordered):
         name = base_name if k == 0 else _variant_name(base_name, first_attrs, _attrs(group[0]), k)

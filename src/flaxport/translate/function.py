@@ -45,6 +45,7 @@ def translate_function(fn, *example_args, check: bool = True, **example_kwargs) 
     fixed = {k: v for k, v in example_kwargs.items() if not torch.is_tensor(v)}
     names = _parameter_names(fn, len(example_args))
     name = getattr(fn, "__name__", "function")
+    name = name if name.isidentifier() else "function"  # a lambda
     module = _wrapper(fn, names, list(tensors), fixed, name)
     t = translate(module, *example_args, check=check, example_kwargs=tensors)
     return TranslatedFunction(name, t, _function_source(t, name) or t.source)
@@ -92,7 +93,11 @@ def _wrapper(fn, names, tensor_kwargs, fixed, name):
     call = ", ".join(p for p in (positional, keywords, "**self.fixed") if p)
     namespace = {}
     exec(f"def forward(self, {params}):\n    return self.fn({call})\n", namespace)  # noqa: S102 - our own text
-    cls_name = "".join(part.capitalize() for part in name.strip("_").split("_")) or "Function"
+    import keyword
+    import re
+
+    cls_name = "".join(part.capitalize() for part in re.sub(r"\W", "_", name).strip("_").split("_"))
+    cls_name = cls_name if cls_name.isidentifier() and not keyword.iskeyword(cls_name.lower()) else "Function"
 
     def init(self):
         nn.Module.__init__(self)

@@ -312,7 +312,7 @@ class Plan:
         capture = self._capture_of(frame)
         inputs, _ = self.io(frame)
         if frame.parent is None:
-            names = list(capture.input_names)
+            names = list(capture.input_access)
         else:
             names = self._guess_param_names(frame, [v for v in inputs if not isinstance(v, str)])
         extra = self._extra_syms.get(id(frame), [])

@@ -109,8 +109,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     with x64, jax.default_matmul_precision("highest"):
         model = t.new_model(dtype=jnp.float64 if f64 else None)
         model.eval()
-        inputs = [jnp.asarray(_np(v)) for v in list(args) + [kwargs[k] for k in kwargs]
-                  if torch.is_tensor(v)]
+        inputs = _jax_arguments(t, dtype)
         records, jax_out = _run_recorded(t, model, inputs)
         records = [(path, [np.asarray(a) for a in _leaves(out)]) for path, out in records]
         jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
@@ -254,15 +253,36 @@ def _objects(model, plan) -> dict:
     return out
 
 
+def _jax_arguments(t, dtype) -> list:
+    """The translated model's positional arguments: the example's, as JAX arrays (cast when dtype)."""
+    import jax.numpy as jnp
+    import torch
+    from torch.utils import _pytree
+
+    def convert(leaf):
+        return jnp.asarray(_np(_cast(leaf, dtype))) if torch.is_tensor(leaf) else leaf
+
+    out = []
+    for value in t.call_arguments:
+        if hasattr(value, "to_tuple"):  # a HF ModelOutput: the translation reads it as a tuple
+            value = value.to_tuple()
+        out.append(_pytree.tree_map(convert, value))
+    return out
+
+
 def _interpret(capture, args, kwargs) -> dict:
     """{node name: NumPy value} of the captured graph run by torch on the inputs."""
     import torch
     import torch.fx
+    from torch.utils import _pytree
 
     module = capture.module
     params = dict(module.named_parameters(remove_duplicate=False))  # tied weights: every name
     buffers = dict(module.named_buffers(remove_duplicate=False))
-    flat_inputs = [a for a in list(args) + [kwargs[k] for k in kwargs] if torch.is_tensor(a)]
+    from flaxport.translate.capture import signature_arguments
+
+    flat_inputs = [leaf for _, value in signature_arguments(module, args, kwargs)
+                   for leaf in _pytree.tree_leaves(value) if torch.is_tensor(leaf)]
     values = []
     for node in capture.graph.nodes:
         if node.op != "placeholder":
@@ -390,7 +410,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         model = t.new_model(dtype=jnp.float64 if f64 else None)
         model.train()
         model.set_attributes(nnx.Dropout, deterministic=True, raise_if_not_found=False)
-        inputs = [jnp.asarray(_np(v)) for v in list(args) + [kwargs[k] for k in kwargs] if torch.is_tensor(v)]
+        inputs = _jax_arguments(t, dtype)
         graphdef, state = nnx.split(model)
 
         def step(state, xs):

@@ -80,7 +80,7 @@ def _header(module, captures) -> str:
     cls = type(module)
     c = next(iter(captures.values()))
     shapes = ", ".join(f"{n} {tuple(int(s) if str(s).isdigit() else str(s) for s in p.meta['val'].shape)}"
-                       for n, p in zip(c.input_names, c.user_inputs))
+                       for n, p in zip(c.input_access, c.user_inputs))
     return (f"{cls.__qualname__} ({cls.__module__}) in Flax NNX, written by `flaxport translate`.\n\n"
             f"Inputs in torch's layout: {shapes}. Parameters keep torch's names, shapes and layouts, so\n"
             "weights.safetensors is torch's state_dict. `load(directory)` returns the model with them;\n"
@@ -103,6 +103,11 @@ class Translation:
         self.notes = list(notes)
         self.report = None
         self.example_args, self.example_kwargs = args, kwargs
+        from flaxport.translate.capture import signature_arguments
+
+        # the example's forward arguments that hold tensors, in the generated __call__'s order
+        self.call_arguments = [v for name, v in signature_arguments(module, args, kwargs)
+                               if name in set(next(iter(plan.captures.values())).input_names) or _has_tensor(v)]
         self.torch_class = type(module)
         self.namespace = _load_namespace(source, type(module).__name__)
         self.root_class = plan.classes[-1].name
@@ -262,6 +267,13 @@ class Translation:
             lines.append(f"note: not used by forward, left out: {', '.join(self.unused[:6])}"
                          + (" ..." if len(self.unused) > 6 else ""))
         return "\n".join(lines)
+
+
+def _has_tensor(value) -> bool:
+    import torch
+    from torch.utils import _pytree
+
+    return any(torch.is_tensor(leaf) for leaf in _pytree.tree_leaves(value))
 
 
 def abstract_model(cls, seed: int = 0):
