@@ -252,7 +252,7 @@ def _shape_parts(t, name):
 
 
 def _dtype_suffix(t) -> str:
-    from flaxport.translate.body import JNP_DTYPES
+    from flaxport.translate.context import JNP_DTYPES
 
     name = str(t.dtype).split(".")[-1]
     # floats: the default (float32); the loaded value brings its own dtype (a float64 constant stays one

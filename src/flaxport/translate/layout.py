@@ -74,7 +74,7 @@ def assign(capture, forced=frozenset()) -> dict:
 
 def _main(node):
     name = NATIVE[str(node.target)]
-    from flaxport.translate.body import _normalize
+    from flaxport.translate.context import _normalize
 
     return _normalize(node).get(name)
 

@@ -50,7 +50,7 @@ def run_op(target, *args, **kwargs):
     from flax import nnx
     from jax import lax
 
-    from flaxport.translate.body import OpContext
+    from flaxport.translate.context import OpContext
     from flaxport.translate.runtime import functions
 
     graph = torch.fx.Graph()
