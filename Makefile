@@ -55,6 +55,7 @@ bench: setup
 	$(FLAXPORT) env --gemm 128,784,500 > $(BENCH)/gemm.txt
 	$(FLAXPORT) compare ddim --epochs 2 --runs torch-eager,torch-tuned,jax-step --workdir $(BENCH)/ddim
 	$(PY) -m flaxport.bench.ddim_sampling --rounds 5 --json $(BENCH)/ddim-sampling.json
+	$(PY) -m flaxport.bench.translate --json $(BENCH)/translate.json  # docs/translate.md
 	$(PY) -m flaxport.bench.tables $(BENCH) > $(BENCH)/tables.md
 	@echo "wrote $(BENCH)/tables.md"
 

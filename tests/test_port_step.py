@@ -102,7 +102,7 @@ def test_resnet_three_adam_steps_float32_rows_classified_float64_exact(tiny_resn
     phases = {r.phase for r in f64.rows}
     assert phases == {"loss", "grad", "running_stats", "param", "moment"}
     assert {r.torch_name for r in f64.rows if r.phase == "moment"} >= {"exp_avg[fc.weight]", "exp_avg_sq[fc.bias]"}
-    assert report.loss.startswith("F.cross_entropy")
+    assert report.loss.startswith("F.cross_entropy") or report.loss == "translated by flaxport.translate"
     _assert_same(before, _snapshot(tm))
 
 
@@ -155,7 +155,8 @@ def test_state_carried_scheduler_and_dropout_masks_float64():
                             steps=3, scheduler=sched, atol=1e-12, rtol=1e-12)
     assert report.strict_ok, str(report)
     assert "masks made equal" in report.dropout and "2 calls a forward" in report.dropout
-    assert "OneCycleLR" in report.optimizer and report.loss.startswith("nn.CrossEntropyLoss")
+    assert "OneCycleLR" in report.optimizer
+    assert report.loss.startswith("nn.CrossEntropyLoss") or report.loss == "translated by flaxport.translate"
     assert {r.torch_name for r in report.rows if r.phase == "moment"} == {
         f"momentum_buffer[{n}]" for n, _ in tm.named_parameters()}
     _assert_same(before, _snapshot(tm, opt, sched))
@@ -226,7 +227,8 @@ def test_what_cannot_be_carried_across_is_one_line():
     adam = torch.optim.Adam(tm.parameters())
     cases = [
         (UnsupportedLossError, r"the loss .*<lambda> cannot be captured: .*pass flax_loss_fn=",
-         dict(loss_fn=lambda out, t: F.cross_entropy(out, t) + out.abs().mean(), opt=adam)),
+         # a branch on a tensor's value: neither flaxport.translate nor the loss table carries it
+         dict(loss_fn=lambda out, t: F.cross_entropy(out, t) if out.sum() > 0 else out.abs().mean(), opt=adam)),
         (UnsupportedOptimizerError, r"optimizer 'nadam' is not translated .*closest optax optimizer is optax.nadam",
          dict(loss_fn=F.cross_entropy, opt=torch.optim.NAdam(tm.parameters()))),
         (UnsupportedSchedulerError, r"CosineAnnealingWarmRestarts is not translated .*optax.sgdr_schedule",

@@ -7,6 +7,7 @@
   optax_from_torch(torch_optimizer or spec, scheduler=None) -> optax.GradientTransformation
   register_converter(torch_type, fn) -> teach the key map a layer type (Slot says where a tensor goes)
   init_state_from_torch(workload, config, path, key) -> a workload's Flax train state from a torch file
+  translate(torch_module, *example_inputs) -> Translation: Flax NNX source, weights, proof (flaxport.translate)
 
 Importing this package imports neither torch nor (beyond optax/numpy) any framework;
 the functions import torch when they receive torch objects.
@@ -21,8 +22,15 @@ from flaxport.port.step import StepReport, check_step
 from flaxport.port.weights import (KeyMap, MissingKeyError, PortError, ShapeMismatchError, UnexpectedKeyError,
                                    UnsupportedLayerError, build_key_map, port_weights, to_torch_state_dict)
 
+def translate(module, *example_args, **example_kwargs):
+    """flaxport.translate.translate: a torch.nn.Module as Flax NNX source, with its weights and proof."""
+    from flaxport.translate import translate as _translate
+
+    return _translate(module, *example_args, **example_kwargs)
+
+
 __all__ = ["DROP", "KeyMap", "MissingKeyError", "ParityReport", "PortError", "Row", "ShapeMismatchError", "Slot",
            "StepReport", "UnexpectedKeyError", "UnsupportedLayerError", "UnsupportedLossError",
            "UnsupportedOptimizerError", "UnsupportedSchedulerError", "build_key_map", "check_parity", "check_step",
            "init_state_from_torch", "optax_from_torch", "optax_state_from_torch", "port_weights",
-           "register_converter", "spec_from_torch", "to_torch_state_dict", "unregister_converter"]
+           "register_converter", "spec_from_torch", "to_torch_state_dict", "translate", "unregister_converter"]
