@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -159,8 +160,9 @@ def test_compare_puts_both_twins_samples_side_by_side(torch_cli, tmp_path, jax_s
     rep = json.loads((work / "report.json").read_text())
     assert [r["name"] for r in rep["runs"]] == ["jax-step", "torch-eager"]
     assert all(sorted(r["quality"]) == QUALITY for r in rep["runs"])
-    # Two 4x4 grids of 16x16 samples, one a run, each titled with its run's name.
-    assert _png_size(work / "samples_compare.png") == (600, 360)
+    # compare.png: curves and speed bars above, each twin's samples below (taller than curves alone).
+    width, height = _png_size(work / "compare.png")
+    assert width > 800 and height > 600
     for name in ("jax-step", "torch-eager"):
         assert (work / name / "samples.png").exists() and (work / name / "diffusion.png").exists()
 
@@ -279,6 +281,23 @@ def test_quick_config_draws_digits_the_classifier_recognises(framework, request,
     assert last["digit_confident_share"] >= 0.5 and last["digit_classes_covered"] >= 8, last
     assert last["kid"] < records[0]["quality"]["kid"] / 3, [r["quality"]["kid"] for r in records]
     assert 0 < last["kid_floor"] < last["kid"]
+
+
+@pytest.mark.slow
+def test_ema_check_scores_the_ema_and_the_online_network(jax_smoke, cli, tmp_path, capsys):
+    """ema_check: the EMA half is the run's own last record; the online half is another network."""
+    from flaxport.workloads.ddim import ema_check
+
+    cmd = [sys.executable, "-m", "flaxport.workloads.ddim.ema_check", "--workdir", str(jax_smoke[0])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **cli.keywords["env"]})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["framework"] == "jax" and out["epochs_done"] == 1
+    assert _scores(out["ema"]) == _scores(_records(jax_smoke[0])[-1]["quality"])
+    assert sorted(out["online"]) == QUALITY and out["online"]["val_loss"] != out["ema"]["val_loss"]
+    assert ema_check.main(["--workdir", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a flaxport run directory" in err[0]
 
 
 def test_sampling_benchmark_interleaves_both_twins_and_they_agree(tmp_path):

@@ -155,6 +155,8 @@ def _pictures(name, results) -> list:
         key, _, _ = CURVES[name]
         value = r.quality.get(key)
         score = f", {key} {value:.4g}" if isinstance(value, (int, float)) else ""
+        if "digit_confident_share" in r.quality:  # ddim on digits: the share a reader would call a digit
+            score += f", digits {r.quality['digit_confident_share']:.2f}"
         if "mode_share" in r.quality:
             score += ", modes " + "/".join(f"{v:.2f}" for v in r.quality["mode_share"])
         out.append((f"{r.name} (seed {seed}){score}", np.asarray(r.artifacts["samples"])))

@@ -23,7 +23,7 @@ COMPARES = {
     "cnn": "flaxport compare cnn --epochs 5 --seeds 3",
     "vae": "flaxport compare vae --epochs 10",
     "vae-mnist-shaped": "flaxport compare vae --data binarized_mnist --data-dir DIR --epochs 3 --set iwae_k=5",
-    "ddim": "flaxport compare ddim --epochs 2 --runs torch-eager,torch-tuned,jax-step",
+    "ddim": "flaxport compare ddim --config bench --epochs 2 --runs torch-eager,torch-tuned,jax-step",
 }
 TORCH_VARIANTS = ("tuned", "compiled")  # gan-torch-VARIANT: flaxport train gan --framework torch --epochs 3
 SCALE = [(d, r) for d in (1, 4) for r in ("scan", "step")]  # gan-DEVICESdev-RUNNER

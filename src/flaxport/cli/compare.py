@@ -68,9 +68,6 @@ def run(args) -> int:
             run_dir = workdir / (name if args.seeds == 1 else f"{name}-seed{seed}")
             info(f"-- {name} (seed {seed})")
             results.append((seed, _run_one(name, workload, config, run_dir, seed, args.epochs, data, args)))
-    if workload.compare_pictures:
-        workload.compare_pictures(workdir, data, [(r.name if args.seeds == 1 else f"{r.name} seed {seed}", r.artifacts)
-                                                  for seed, r in results])
     rep = report.build(workload, config, args.epochs, results)
     figure.write(workdir / "compare.png", workload, config, rep, results)
     report.write(workdir, rep)

@@ -46,9 +46,6 @@ class Workload:
     # configure(config, data) -> config: settings that come from the training data (DDIM's
     # normalisation statistics); train and compare apply it, so config.json records them.
     configure: Callable | None = None
-    # compare_pictures(workdir, data, [(run name, artifacts)]) -> [paths]: pictures that set
-    # the runs of a `compare` side by side (written in the comparison's workdir).
-    compare_pictures: Callable | None = None
 
 
 # name: (package, one-line summary, prefers single-threaded XLA on CPU)

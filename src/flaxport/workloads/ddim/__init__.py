@@ -89,5 +89,4 @@ WORKLOAD = Workload(
     loss_keys=("loss", "image_loss"),
     train_flops=model.train_flops,
     configure=configure,
-    compare_pictures=plots.compare_pictures,
 )

@@ -1,6 +1,6 @@
-"""Pictures of a DDIM run: samples.png (samples from fixed noise), diffusion.png (a few of
-them along the reverse process) and, for `compare`, samples_compare.png (every run's
-samples side by side, from the same noise)."""
+"""Pictures of a DDIM run: samples.png (samples from fixed noise) and diffusion.png (a few
+of them along the reverse process). `compare` sets each twin's samples side by side in its
+compare.png (flaxport.bench.figure)."""
 from __future__ import annotations
 
 import math
@@ -91,27 +91,3 @@ def write_pictures(workdir, data, artifacts, label: str) -> list:
         fig.savefig(paths[-1], dpi=DPI)
         plt.close(fig)
     return paths
-
-
-def compare_pictures(workdir, data, runs) -> list:
-    """samples_compare.png: the samples of every run [(name, artifacts)] side by side (the
-    same fixed noise for all, so a converted model gives the same pictures in every column)."""
-    runs = [(name, a) for name, a in runs if "samples" in a]
-    if not runs:
-        return []
-    plt = _pyplot()
-    first = np.asarray(runs[0][1]["samples"])
-    cols = math.ceil(math.sqrt(len(first)))
-    rows = -(-len(first) // cols)
-    side = max(3.0, cols * CELL_INCHES * 0.75)
-    fig, axes = plt.subplots(1, len(runs), figsize=(side * len(runs), rows * CELL_INCHES * 0.75 + 0.9), squeeze=False)
-    for ax, (name, artifacts) in zip(axes[0], runs):
-        about = artifacts.get("about", {})
-        _show(ax, grid(artifacts["samples"], cols))
-        ax.set_title(f"{name}: {about.get('steps', '?')} DDIM steps, {about.get('weights', 'EMA')} weights", fontsize=9)
-    fig.suptitle(f"ddim: {data.name} {_side(first)}, {len(first)} samples from the same noise", fontsize=10)
-    fig.tight_layout()
-    path = Path(workdir) / "samples_compare.png"
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return [path]
