@@ -116,7 +116,7 @@ def test_generated_file_imports_only_jax_flax_numpy_and_the_standard_library():
                 roots |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom):
                 roots.add(node.module.split(".")[0])
-        assert roots <= {"jax", "flax", "numpy", "json", "math", "os"}, roots
+        assert roots <= {"jax", "flax", "numpy", "functools", "json", "math", "os"}, roots
 
 
 def test_resnet18_reads_like_a_hand_written_nnx_resnet():

@@ -29,13 +29,18 @@ def _runtime_sources() -> dict:
         tree = ast.parse(text)
         lines = text.splitlines()
         for node in tree.body:
+            refs = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            refs |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 start = node.lineno - 1 - len(node.decorator_list)
-                source = "\n".join(lines[start:node.end_lineno])
-                refs = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-                refs |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-                out[node.name] = (order, source, refs)
+                out[node.name] = (order, "\n".join(lines[start:node.end_lineno]), refs)
                 order += 1
+            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
+                    isinstance(node.value.func, ast.Attribute) and isinstance(node.value.func.value, ast.Name) and \
+                    node.value.func.value.id in out:  # `f.defvjp(fwd, bwd)`: part of f's definition
+                name = node.value.func.value.id
+                o, source, own = out[name]
+                out[name] = (o, source + "\n\n\n" + "\n".join(lines[node.lineno - 1:node.end_lineno]), own | refs)
     return out
 
 
@@ -148,7 +153,7 @@ def module_source(plan, header: str) -> str:
 
 def _imports(code: str) -> list:
     lines = []
-    std = [m for m in ("json", "math", "os") if re.search(rf"\b{m}\.", code)]
+    std = [m for m in ("functools", "json", "math", "os") if re.search(rf"\b{m}\.", code)]
     lines += [f"import {m}" for m in std]
     if std:
         lines.append("")
