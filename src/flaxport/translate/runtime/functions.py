@@ -102,7 +102,8 @@ def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False
     to the first maximum of each window, as torch's does."""
     n = len(kernel_size)
     if not channels_last:
-        return _channels_first(max_pool(_channels_last(x, n), kernel_size, stride, padding, dilation, ceil_mode, True), n)
+        y = max_pool(_channels_last(x, n), kernel_size, stride, padding, dilation, ceil_mode, channels_last=True)
+        return _channels_first(y, n)
     stride = _tuple(stride or kernel_size, n)
     padding, dilation = _tuple(padding, n), _tuple(dilation, n)
     axes = _spatial(x, n, True)
