@@ -102,6 +102,7 @@ class Translation:
         self.mode = mode
         self.notes = list(notes)
         self.report = None
+        self.train_step = None  # a train_step.TrainStep once write_train_step ran: save() writes train_step.py
         self.example_args, self.example_kwargs = args, kwargs
         from flaxport.translate.capture import signature_arguments
 
@@ -217,7 +218,8 @@ class Translation:
 
     # ------------------------------------------------------------------ files
     def save(self, directory) -> Path:
-        """Write model.py, weights.safetensors and parity.md into `directory` (created)."""
+        """Write model.py, weights.safetensors and parity.md (and train_step.py, when
+        write_train_step made one) into `directory` (created)."""
         import json
 
         from flaxport.translate.save import write_safetensors, write_text
@@ -236,13 +238,16 @@ class Translation:
         write_safetensors(directory / "weights.safetensors", arrays,
                           {"nnx_paths": json.dumps(paths), "mode": self.mode,
                            "torch_class": f"{self.torch_class.__module__}.{self.torch_class.__qualname__}"})
+        if self.train_step is not None:
+            write_text(directory / "train_step.py", self.train_step.source)
         write_text(directory / "parity.md", self.parity_markdown())
         return directory
 
     def parity_markdown(self) -> str:
         from flaxport.translate.proof import markdown
 
-        return markdown(self)
+        text = markdown(self)
+        return text + self.train_step.markdown() if self.train_step is not None and self.train_step.report else text
 
     # ------------------------------------------------------------------ summary
     @property
