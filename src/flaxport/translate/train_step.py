@@ -281,7 +281,7 @@ def make_train_step(model, optimizer=None):
     def loss_of(param_leaves, rest_leaves, {inputs}, targets):
         model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves),
                           jax.tree.unflatten(rest_tree, rest_leaves))
-        loss = loss_fn(model({inputs}), targets)
+        loss = loss_fn(model({inputs}){first}, targets)
         return loss, jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param)))
 
     @functools.partial(jax.jit, donate_argnums=0)
@@ -300,8 +300,10 @@ def make_train_step(model, optimizer=None):
 '''
 
 
-def train_step_source(t, loss_source: str, loss_name: str, optimizer_body: str, extra: list, header: str) -> str:
-    """train_step.py's text: imports, the loss, make_optimizer, make_train_step."""
+def train_step_source(t, loss_source: str, loss_name: str, optimizer_body: str, extra: list, header: str,
+                      first_output: bool = False) -> str:
+    """train_step.py's text: imports, the loss, make_optimizer, make_train_step.
+    first_output: the model returns a tuple and the loss takes its first element."""
     from flaxport.translate import emit
 
     names = list(next(iter(t.plan.captures.values())).input_names) or ["x"]
@@ -312,7 +314,8 @@ def train_step_source(t, loss_source: str, loss_name: str, optimizer_body: str, 
     parts = [loss_code.strip(), f"loss_fn = {loss_name}"]
     parts += [e.strip() for e in extra]
     parts.append("def make_optimizer():\n" + "\n".join("    " + line for line in optimizer_body.splitlines()))
-    parts.append(_STEP.replace("{inputs}", inputs).strip())
+    step = _STEP.replace("{first}", "[0]" if first_output else "")  # a tuple: the loss of its first output
+    parts.append(step.replace("{inputs}", inputs).strip())
     code = "\n\n\n".join(parts) + "\n"
     imports = [line for line in emit._imports(code) if line]
     third = [line for line in imports if not line.startswith(("import functools", "import json", "import math",
@@ -386,6 +389,8 @@ def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True)
         else (batch[0],)
     with torch.no_grad():
         example_out = _copy(module).eval()(*inputs)
+    if hasattr(example_out, "to_tuple"):  # a HuggingFace ModelOutput: the translation returns its tuple
+        example_out = example_out.to_tuple()
     targets = loss.targets(example_out) if batch is None else batch[1]
     out0 = example_out[0] if isinstance(example_out, (tuple, list)) else example_out
     jax_loss = translate_function(getattr(torch.nn.functional, loss.name), out0, targets, check=False, **loss.kwargs)
@@ -406,12 +411,17 @@ def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True)
     loss_name = defs[-1] if defs and not classes else None  # the function is written last
     if loss_name is None:
         raise UserError(f"--loss {loss.text!r}: its translation needs state; pass a plain loss function")
-    source = train_step_source(t, jax_loss.source, loss_name, body, extra, header)
+    first_output = isinstance(example_out, (tuple, list))
+    source = train_step_source(t, jax_loss.source, loss_name, body, extra, header, first_output)
     step = TrainStep(source, None, [], opt_text, f"F.{loss.name}")
     if check:
-        step.report, step.rows = _prove(t, module, name, kwargs, loss, source, inputs, targets)
+        step.report, step.rows = _prove(t, module, name, kwargs, loss, source, inputs, targets, first_output)
     t.train_step = step
     return step
+
+
+def _first(loss_fn, outputs, targets):
+    return loss_fn(outputs[0], targets)
 
 
 def _copy(module):
@@ -426,7 +436,7 @@ def _namespace(source: str) -> dict:
     return namespace
 
 
-def _prove(t, module, name, kwargs, loss, source, inputs, targets):
+def _prove(t, module, name, kwargs, loss, source, inputs, targets, first_output):
     import jax
     import torch
 
@@ -434,9 +444,13 @@ def _prove(t, module, name, kwargs, loss, source, inputs, targets):
     from flaxport.port.parity import compare
 
     ns = _namespace(source)
+    torch_loss, jax_loss = loss.torch_fn, ns["loss_fn"]
+    if first_output:
+        torch_loss = functools.partial(_first, torch_loss)
+        jax_loss = functools.partial(_first, jax_loss)
     tm = _copy(module).train()
-    report = check_step(tm, make_torch_optimizer(name, kwargs, tm.parameters()), loss.torch_fn, t, (inputs, targets),
-                        steps=STEPS, flax_loss_fn=ns["loss_fn"])
+    report = check_step(tm, make_torch_optimizer(name, kwargs, tm.parameters()), torch_loss, t, (inputs, targets),
+                        steps=STEPS, flax_loss_fn=jax_loss)
     from flaxport.port.dropout import DropoutLog, FlaxMasks, silence_recurrent_dropout, torch_dropout
 
     rows = []
@@ -453,7 +467,7 @@ def _prove(t, module, name, kwargs, loss, source, inputs, targets):
         y_j = jax.numpy.asarray(y64.numpy())
         for s in range(1, STEPS + 1):
             opt.zero_grad(set_to_none=True)
-            t_loss = loss.torch_fn(tm64(*xs64), y64)
+            t_loss = torch_loss(tm64(*xs64), y64)
             t_loss.backward()
             opt.step()
             state, j_loss = train_step(state, *xs_j, y_j)
