@@ -136,6 +136,18 @@ def test_resnet18_reads_like_a_hand_written_nnx_resnet():
     assert "class LSTM" not in src and "scaled_dot_product_attention" not in src  # only what it uses
 
 
+def test_generated_files_are_black_formatted():
+    """model.py (and a train step's file) as black leaves it: a user's formatter changes nothing."""
+    import black
+
+    from flaxport.translate.emit import WIDTH
+
+    for name in ("resnet18", "lstm"):
+        src = zoo.translated(name)[2].source
+        assert black.format_str(src, mode=black.Mode(line_length=WIDTH)) == src, name
+        assert max(len(line) for line in src.splitlines() if not line.lstrip().startswith(("#", '"'))) <= WIDTH
+
+
 def test_saved_model_loads_without_flaxport_or_torch(tmp_path):
     module, inputs, t = zoo.translated("unet")
     t.save(tmp_path / "unet")
