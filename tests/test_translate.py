@@ -9,6 +9,7 @@ torch; the way back to torch names is exact.
 import ast
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -132,6 +133,7 @@ def test_resnet18_reads_like_a_hand_written_nnx_resnet():
                  "self.downsample = nnx.Sequential(", "out = self.bn1(out)", "identity = self.downsample(x)",
                  "x = x.reshape(x.shape[0], -1)", "x = self.layer4(x)"):
         assert line in classes, line
+    assert re.search(r"\n    x \(\d+, 3, \d+, \d+\), any size along axes 0, 2 and 3\n", src)  # no export symbols
     assert "class BatchNorm2d" in src and "num_batches_tracked" in src  # torch's BatchNorm, carried along
     assert "class LSTM" not in src and "scaled_dot_product_attention" not in src  # only what it uses
 

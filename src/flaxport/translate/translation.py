@@ -79,12 +79,30 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
 def _header(module, captures) -> str:
     cls = type(module)
     c = next(iter(captures.values()))
-    shapes = ", ".join(f"{n} {tuple(int(s) if str(s).isdigit() else str(s) for s in p.meta['val'].shape)}"
-                       for n, p in zip(c.input_access, c.user_inputs))
+    shapes = "".join(f"    {_input_shape(n, p.meta['val'])}\n" for n, p in zip(c.input_access, c.user_inputs))
     return (f"{cls.__qualname__} ({cls.__module__}) in Flax NNX, written by `flaxport translate`.\n\n"
-            f"Inputs in torch's layout: {shapes}. Parameters keep torch's names, shapes and layouts, so\n"
+            f"Inputs, in torch's layout (the example's shape):\n{shapes}\n"
+            "Parameters keep torch's names, shapes and layouts, so\n"
             "weights.safetensors is torch's state_dict. `load(directory)` returns the model with them;\n"
             "`model.train()` / `model.eval()` switch BatchNorm and dropout as in torch.\n")
+
+
+def _input_shape(name: str, value) -> str:
+    """'x (2, 3, 32, 32), any size along axes 0, 2 and 3': the example's shape, and the axes export
+    left free (a symbolic size)."""
+    sizes, free = [], []
+    for axis, size in enumerate(value.shape):
+        if str(size).isdigit():
+            sizes.append(str(int(size)))
+        else:
+            free.append(str(axis))
+            hint = getattr(getattr(size, "node", None), "hint", None)
+            sizes.append(str(hint) if hint is not None else str(size))
+    text = f"{name} ({', '.join(sizes)}{',' if len(sizes) == 1 else ''})"
+    if free:
+        axes = free[0] if len(free) == 1 else ", ".join(free[:-1]) + " and " + free[-1]
+        text += f", any size along axis {axes}" if len(free) == 1 else f", any size along axes {axes}"
+    return text
 
 
 class Translation:
