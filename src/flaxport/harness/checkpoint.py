@@ -62,7 +62,8 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self.place = placement or Placement.single()
         self.damaged: list = []  # [(step, reason)] skipped by the last restore
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False,
+        # create=False: a command that only reads a run must not add a folder to it; save makes it.
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=False, enable_async_checkpointing=False,
                                                cleanup_tmp_directories=False)
         meta_handler = ocp.JsonCheckpointHandler()
         delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
@@ -97,7 +98,10 @@ class Checkpointer:
         # it reaches this thread; here it becomes one line, so their log is held back.
         absl = logging.getLogger("absl")
         absl.addFilter(_background_error)
+        _drop_failed_reads()  # a failing write's late callbacks report while the save unwinds
         try:
+            if self.place.is_main:
+                self.directory.mkdir(parents=True, exist_ok=True)
             self._manager.save(
                 epochs_done,
                 args=ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -105,7 +109,7 @@ class Checkpointer:
             )
             self._manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - OSError, or a tensorstore error for a full disk
-            _drop_failed_writes()
+            _drop_failed_writes(self.directory)
             if self.place.is_main:  # the unfinished save: it would only take space
                 for p in self.directory.glob(f"{epochs_done}{TMP_MARK}*"):
                     shutil.rmtree(p, ignore_errors=True)
@@ -307,11 +311,20 @@ def _reason(e: Exception) -> str:
     return text if len(text) < 80 else _short(e)
 
 
-def _drop_failed_writes() -> None:
-    """After a failed save, the tensorstore writes Orbax abandoned finish later and call back
-    into its closed event loop ("RuntimeError: Event loop is closed", one traceback each):
-    the same reports _drop_failed_reads silences."""
+def _drop_failed_writes(directory: Path) -> None:
+    """After a failed save, what Orbax abandoned reports later, each with a traceback, after
+    the one line that already said it: tensorstore writes that finish and call back into
+    Orbax's closed event loop ("RuntimeError: Event loop is closed", as _drop_failed_reads
+    silences), and asyncio's "exception was never retrieved" for the other writes into the
+    unfinished save (their messages name its folder, `directory/<step>.orbax-checkpoint-tmp`)."""
     _drop_failed_reads()
+    where = str(directory)
+
+    def unretrieved(record) -> bool:
+        text = record.getMessage()
+        return not ("never retrieved" in text and where in text)
+
+    logging.getLogger("asyncio").addFilter(unretrieved)
 
 
 def _sync(name: str, place: Placement) -> None:

@@ -2,10 +2,11 @@
 
 Each workload's config.py names its fields' rules in `RULES` ({field: kind or tuple of
 allowed values}; the dataclass's `CHOICES` count too), settings that depend on each other
-in `CHECKS` ((field, predicate(config), what it must be), ...), and what the config needs
-in memory in `memory_estimate(config)`. This module applies them to `--set` values, to a
-config.json read back (hand-edited: a list, a string batch size, an unknown variant, a
-negative count) and, before anything is allocated, to the memory a run would take.
+in `CHECKS` ((field, predicate(config), what it must be: text or text(config)), ...), and
+what the config needs in memory in `memory_estimate(config)`. This module applies them to
+`--set` values, to a config.json read back (hand-edited: a list, a string batch size, an
+unknown variant, a negative count) and, before anything is allocated, to the memory a run
+would take.
 Every refusal is one UserError line naming the setting.
 """
 from __future__ import annotations
@@ -84,7 +85,8 @@ def check(config, where: str, blame=None):
         except (ArithmeticError, ValueError, TypeError):
             good = False
         if not good:
-            raise UserError(f"{where}: {field} {what}, got {_show(getattr(config, field))}")
+            text = what(config) if callable(what) else f"{what}, got {_show(getattr(config, field))}"
+            raise UserError(f"{where}: {field} {text}")
     return config
 
 
@@ -137,7 +139,7 @@ def _from_json(base, field: str, value, where: str):
     elements_ok = not isinstance(value, tuple) or all(_int(x) if rule == "sizes" else _real(x) for x in value)
     if not isinstance(value, want) or (want is int and isinstance(value, bool)) or not elements_ok:
         kind = "list" if want is tuple else want.__name__
-        raise UserError(f"{where}: {field} must be a {kind} like {_show(default)}, got {_show(value)}")
+        raise UserError(f"{where}: {field} must be of type {kind} (like {_show(default)}), got {value!r}")
     return value
 
 

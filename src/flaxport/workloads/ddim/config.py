@@ -105,7 +105,8 @@ RULES = {
 }
 CHECKS = (
     ("image_size", lambda c: c.image_size % 2 ** (len(c.widths) - 1) == 0,
-     "must be divisible by 2 ** (len(widths) - 1) (the UNet halves it once per width but the last)"),
+     lambda c: f"{c.image_size} must be divisible by {2 ** (len(c.widths) - 1)} (the UNet halves it "
+               f"{len(c.widths) - 1} times for widths {','.join(map(str, c.widths))})"),
     ("embedding_dims", lambda c: c.embedding_dims % 2 == 0, "must be even (sines and cosines, half each)"),
     ("max_signal_rate", lambda c: c.min_signal_rate < c.max_signal_rate, "must be above min_signal_rate"),
     ("norm_std", lambda c: all(s > 0 for s in c.norm_std) and len(c.norm_std) == len(c.norm_mean) in (0, c.channels),
