@@ -16,6 +16,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -64,6 +65,12 @@ def sh(args, cwd, env=None, timeout=600, preexec=None):
         return p.returncode, p.stdout, p.stderr, time.time() - t0
     except subprocess.TimeoutExpired as e:
         return "timeout", "", str(e.stderr or ""), time.time() - t0
+
+
+def newest_epoch(snapshot: dict):
+    """Epochs of the newest checkpoint named in a files() snapshot (N/... or epoch_N.ext), or None."""
+    found = [int(m[1]) for k in snapshot if (m := re.match(r"checkpoints/(?:epoch_)?(0|[1-9]\d*)(?:/|\.pt$|\.npz$)", k))]
+    return max(found, default=None)
 
 
 def files(d: Path) -> dict:
@@ -202,8 +209,8 @@ def catalogue(out: Path) -> list:
     ]
     for name, argv in flags:
         expect = "ok" if name in ("help", ) else "error"
-        if argv and argv[0] == "train" and "--workdir" not in argv:
-            argv = [*argv, *GAN, "--workdir", "{new}"] if argv[1] == "gan" else [*argv, *SMOKE, "--workdir", "{new}"]
+        if argv and argv[0] == "train" and "--workdir" not in argv:  # the case's flags last: they win
+            argv = [*argv[:2], *(GAN if argv[1] == "gan" else SMOKE), *argv[2:], "--workdir", "{new}"]
         cases.append(case(f"flag {name}", argv, expect))
     cases.append(case("env FLAXPORT_DATA a file", ["train", "ddim", *SMOKE, "--workdir", "{new}"],
                       env={"FLAXPORT_DATA": "{out}/afile"}))
@@ -257,9 +264,9 @@ def catalogue(out: Path) -> list:
                      kind="kill", env={"FLAXPORT_TEST_SAVE_DELAY": "2"}),
                 case(f"{ref} two trainings at once", [*tr, "--resume", "--epochs", epochs + 2], ref=ref,
                      kind="concurrent", env={"FLAXPORT_TEST_SAVE_DELAY": "6"}, needle="is in use by process"),
-                case(f"{ref} diverges", [*tr, "--resume", "--epochs", epochs + 1,
+                case(f"{ref} diverges", ["train", workload, "--framework", fw, *args, "--workdir", "{new}",
                                          *(["--set", "lr=1e30"] if workload == "vae" else
-                                           ["--set", "g_lr=1e30", "--set", "d_lr=1e30"])], "diverged", ref=ref),
+                                           ["--set", "g_lr=1e30", "--set", "d_lr=1e30"])], "diverged"),
             ]
             for edit in CONFIG_EDITS:
                 cases.append(case(f"{ref} config.json {edit}, evaluate", ["evaluate", workload, "--workdir", "{run}"],
@@ -390,11 +397,15 @@ def run_case(c, out: Path, i: int) -> dict:
     lost = []
     after = files(run)
     if c["ref"]:
-        if c["expect"] != "ok" and c["kind"] not in ("kill", "concurrent"):
+        trained = re.search(r"^epoch \d+ \|", err, re.M) is not None
+        if c["expect"] != "ok" and not trained and c["kind"] not in ("kill", "concurrent"):
+            # refused before training: the run must be exactly as it was
             lost = [k for k in before if after.get(k) != before[k]] + [k for k in after if k not in before]
-        else:
-            lost = [k for k in before if k.startswith("checkpoints/") and k not in after
-                    and "damaged" not in k and "tmp" not in k]
+        elif c["expect"] != "ok" and c["kind"] not in ("kill", "concurrent"):
+            # stopped while training (full disk, NaN): every checkpoint it had is as it was
+            lost = [k for k in before if k.startswith("checkpoints/") and after.get(k) != before[k]]
+        elif newest_epoch(before) is not None and (newest_epoch(after) or -1) < newest_epoch(before):
+            lost = ["the newest checkpoint"]  # a successful run may prune old ones, never lose the newest
         lost = [k for k in lost if not k.startswith("tb/")] + extra.get("temp_left", [])
     if c["kind"] == "planted" and (out / "cases" / f"{i:03d}" / "PLANTED").exists():
         handled, lost = False, lost + ["code ran"]

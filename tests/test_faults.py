@@ -291,6 +291,23 @@ def test_a_bad_setting_is_one_line_naming_it(capsys, tmp_path, args, needle):
     assert not (tmp_path / "run").exists()
 
 
+def test_every_config_field_has_a_rule_and_every_variant_keeps_them():
+    """A field without a rule would take any value a user types: each one needs its line in RULES."""
+    import dataclasses
+
+    from flaxport.workloads import registry, validate
+
+    for name in registry.names():
+        wl = registry.get(name)
+        for variant in wl.variants:
+            config = wl.get_config(variant)
+            missing = [f.name for f in dataclasses.fields(config) if f.name != "variant"
+                       and f.name not in validate.rules(config)]
+            assert not missing, f"{name}: no rule for {missing} (add them to RULES in its config.py)"
+            validate.check(config, f"{name} {variant}")
+            validate.check_memory(name, config)  # no variant is refused on this machine
+
+
 def test_memory_refusals_name_the_estimate_and_the_setting(copy, capsys):
     run = copy("jax")
     rc, _, err = _run(capsys, "sample", "gan", "--workdir", run, "--n", 10**12)

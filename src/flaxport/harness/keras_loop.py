@@ -77,6 +77,8 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 info(f"moved the damaged checkpoint to {moved}")
         if start and not quiet:
             info(f"resuming {workload.name} (keras) from epoch {start} in {workdir}")
+        if start >= epochs and not quiet:
+            info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
         bs = config.batch_size
         steps = steps_per_epoch(data, bs)
         n = len(next(iter(data.train.values())))

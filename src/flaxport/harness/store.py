@@ -75,9 +75,13 @@ class TorchCodec:
 
     def read(self, path: Path) -> dict:
         import pickle
+        import zipfile
 
         import torch
 
+        if not zipfile.is_zipfile(path):  # every torch.save since 1.6 writes a zip archive
+            raise Damaged(f"not a torch checkpoint (no zip archive: {path.stat().st_size} bytes, cut short or "
+                          f"overwritten?)")
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:  # weights_only refused an object: it could run code
@@ -172,8 +176,8 @@ class FileStore:
             try:
                 target.load_state_dict(payload["state"])
             except (RuntimeError, ValueError, KeyError, TypeError) as e:  # names, shapes or layout of another run
-                raise UserError(f"checkpoint {self.path(epochs)} does not fit this run's state: "
-                                f"{_first_line(e)[:300]}") from e
+                what = " ".join(line.strip() for line in str(e).strip().splitlines()[:2]) or type(e).__name__
+                raise UserError(f"checkpoint {self.path(epochs)} does not fit this run's state: {what[:300]}") from e
             for bad, why in self.damaged:
                 info(f"flaxport: warning: checkpoint {self.path(bad)} is damaged ({why}); "
                      f"using checkpoint {epochs} instead")

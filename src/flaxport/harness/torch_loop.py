@@ -121,6 +121,8 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 info(f"moved the damaged checkpoint to {moved}")
         if start and not quiet:
             info(f"resuming {workload.name} (torch) from epoch {start} in {workdir}")
+        if start >= epochs and not quiet:
+            info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
         arrays = data.train
         bs = config.batch_size
         steps = steps_per_epoch(data, bs)
