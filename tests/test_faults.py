@@ -269,7 +269,7 @@ BAD_SETTINGS = [
     (["train", "gan", "--set", "g_widths=0"], "g_widths must be a non-empty list of whole numbers >= 1"),
     (["train", "ddim", "--set", "widths="], "widths must be a non-empty list"),
     (["train", "cnn", "--set", "image_size=2"], "image_size must be at least 4"),
-    (["train", "ddim", "--set", "warmup_steps=-1"], "warmup_steps must be a whole number >= 0"),
+    (["train", "ddim", "--set", "warmup_steps=-1"], "warmup_steps must be a whole number, at least 0"),
     (["train", "cnn", "--framework", "torch", "--set", "num_classes=3"], "num_classes must be at least 10"),
     (["train", "vae", "--set", "hidden=300000000"], "parameters with their gradients and Adam moments"),
     (["train", "vae", "--set", "iwae_k=100000000"], "iwae_k=100000000 importance samples"),
@@ -326,7 +326,7 @@ def _edit_config(run, edit):
     (lambda s: {k: v for k, v in s.items() if k != "config"}, "no \"config\""),
     (lambda s: {k: v for k, v in s.items() if k != "framework"}, "framework must be one of jax, torch, keras"),
     (lambda s: {**s, "config": {**s["config"], "variant": "huge"}}, "unknown config variant 'huge'"),
-    (lambda s: {**s, "config": {**s["config"], "n_eval": -5}}, "n_eval must be a whole number >= 1, got -5"),
+    (lambda s: {**s, "config": {**s["config"], "n_eval": -5}}, "n_eval must be a whole number, at least 1, got -5"),
     (lambda s: {**s, "config": {**s["config"], "seed": 2**64}}, "seed must be a whole number from 0"),
 ])
 def test_a_hand_edited_config_json_is_one_line(copy, capsys, edit, needle):

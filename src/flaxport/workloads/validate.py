@@ -30,8 +30,8 @@ def _real(v) -> bool:
 
 # kind: (the type it is read as, test, what it must be)
 KINDS = {
-    "size": (int, lambda v: _int(v) and v >= 1, "a whole number >= 1"),
-    "count": (int, lambda v: _int(v) and v >= 0, "a whole number >= 0"),
+    "size": (int, lambda v: _int(v) and v >= 1, "a whole number, at least 1"),
+    "count": (int, lambda v: _int(v) and v >= 0, "a whole number, at least 0"),
     "seed": (int, lambda v: _int(v) and 0 <= v < SEED_LIMIT, "a whole number from 0 to 2**63 - 1"),
     "sizes": (tuple, lambda v: bool(v) and all(_int(x) and x >= 1 for x in v),
               "a non-empty list of whole numbers >= 1 (e.g. 64,32)"),
