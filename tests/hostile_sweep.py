@@ -439,13 +439,43 @@ def make_refs(out: Path, jobs: int) -> None:
         list(ex.map(make, REFS))
 
 
+GROUPS = (("set ", "a bad --set value"), ("flag ", "a bad flag"), ("env ", "a bad environment variable"),
+          ("gan-jax", "a jax run (gan)"), ("gan-torch", "a torch run (gan)"), ("vae-keras", "a keras run (vae)"),
+          ("", "other runs (cnn, ddim, vae on jax and torch)"))
+
+
+def summarize(results: list) -> str:
+    """A markdown table: cases, handled, data lost, by what the case does."""
+    rows = {}
+    for r in results:
+        if r["name"].split()[0] in ("convert", "parity", "export", "compare", "data", "evaluate", "sample", "env"):
+            group = "env " if r["name"].startswith("env ") else "other commands"
+        else:
+            group = next(g for g, _ in GROUPS if r["name"].startswith(g))
+        row = rows.setdefault(group, [0, 0, 0])
+        row[0] += 1
+        row[1] += bool(r["handled"])
+        row[2] += bool(r["lost"])
+    names = dict(GROUPS, **{"other commands": "convert, parity, export, compare, data, a missing workdir"})
+    lines = ["| cases that ... | tried | handled | data lost |", "|---|---|---|---|"]
+    for group, (n, ok, lost) in rows.items():
+        lines.append(f"| {names[group]} | {n} | {ok} | {lost} |")
+    total = [sum(v[i] for v in rows.values()) for i in range(3)]
+    lines.append(f"| **all** | **{total[0]}** | **{total[1]}** | **{total[2]}** |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default=None, help="run the cases whose name holds this")
+    ap.add_argument("--summary", action="store_true", help="only summarise OUT/results.jsonl")
     args = ap.parse_args()
     out = Path(args.out).absolute()
+    if args.summary:
+        print(summarize([json.loads(l) for l in (out / "results.jsonl").read_text().splitlines()]))
+        return 0
     make_refs(out, args.jobs)
     cases = [c for c in catalogue(out) if not args.only or args.only in c["name"]]
     results = []
@@ -460,6 +490,7 @@ def main() -> int:
     lost = sum(bool(r["lost"]) for r in results)
     print(json.dumps({"cases": len(results), "handled": handled, "not_handled": len(results) - handled,
                       "data_lost": lost}))
+    print(summarize(results))
     return 0
 
 

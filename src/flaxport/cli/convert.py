@@ -68,7 +68,7 @@ def run(args) -> int:
 
 
 def _torch_to_flax(workload, src: Path, dst: Path, args) -> int:
-    from flaxport.harness.checkpoint import Checkpointer
+    from flaxport.harness.store import open_store
     from flaxport.harness.workdir import claim
     from flaxport.port.checkpoints import read_torch_file, split_ema, state_from_flat
     from flaxport.port.twins import ema_name
@@ -80,7 +80,7 @@ def _torch_to_flax(workload, src: Path, dst: Path, args) -> int:
     state, counters = state_from_flat(workload, config, flat)  # every check before anything is written
     identity = {"workload": workload.name, "framework": "jax"}
     with claim(dst, identity, resume=False, has_checkpoint=lambda w: False) as held:
-        ckpt = Checkpointer(dst / "checkpoints")
+        ckpt = open_store("jax", dst / "checkpoints")
         try:
             held.commit({**dataclasses.asdict(config), "seed": seed, "runner": config.runner})
             ckpt.save(0, state, {**identity, "variant": config.variant, "seed": seed, "epochs_done": 0,
@@ -120,7 +120,7 @@ def _flax_to_torch(workload, src: Path, dst: Path) -> int:
     import jax
     import jax.numpy as jnp
 
-    from flaxport.harness.checkpoint import Checkpointer
+    from flaxport.harness.store import open_store
     from flaxport.port.checkpoints import abstract_state, flat_from_state, write_torch_file
 
     run = common.load_run(workload, src)
@@ -134,7 +134,7 @@ def _flax_to_torch(workload, src: Path, dst: Path) -> int:
     config, seed = run.config, run.seed
     # A zero state of the right tree is all a restore needs: no init, nothing compiled.
     target = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract_state(workload, config))
-    ckpt = Checkpointer(src / "checkpoints")
+    ckpt = open_store("jax", src / "checkpoints")
     try:
         if ckpt.latest() is None:
             raise UserError(f"no checkpoint in {src / 'checkpoints'}")

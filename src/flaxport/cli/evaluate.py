@@ -33,9 +33,9 @@ def restore(workload_name: str, workdir, n=None, steps=None):
     meta = {"workload": workload.name, "framework": framework, "variant": config.variant, "seed": seed}
     if framework == "jax":
         from flaxport.harness import rng
-        from flaxport.harness.checkpoint import Checkpointer
+        from flaxport.harness.store import open_store
 
-        ckpt = Checkpointer(Path(workdir) / "checkpoints")
+        ckpt = open_store("jax", Path(workdir) / "checkpoints")
         try:  # close Orbax's background loop on every path
             if ckpt.latest() is None:
                 raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")

@@ -13,10 +13,10 @@ from typing import Any
 import jax
 
 from flaxport.harness import rng
-from flaxport.harness.checkpoint import Checkpointer
 from flaxport.harness.distributed import ShareFeed, make_placement
 from flaxport.harness.epoch import ResidentFeed, make_runner
 from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
+from flaxport.harness.store import open_store
 from flaxport.harness.workdir import claim, write_pictures
 
 
@@ -67,7 +67,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         state = (init_state or workload.init_state)(config, local_keys["init"])
         keys = place.replicate(local_keys)
         meta = {**identity, "variant": config.variant, "seed": seed}
-        ckpt = Checkpointer(workdir / "checkpoints", placement=place) if checkpoints else None
+        ckpt = open_store("jax", workdir / "checkpoints", placement=place) if checkpoints else None
         start, resumed = 0, False
         if resume and ckpt is not None and ckpt.latest() is not None:
             state, saved = ckpt.restore(state, meta)  # refuses another run's checkpoint: nothing written yet
