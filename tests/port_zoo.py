@@ -208,3 +208,34 @@ def randomize_norms(module, seed=1):
                 m.running_var.copy_(1 + 0.5 * torch.rand(m.running_var.shape, generator=g))
                 m.num_batches_tracked.fill_(7)
     return module
+
+
+# --------------------------------------------------------------------------- tiny resnet (1x1 maps)
+class TorchTinyResNet(tnn.Module):
+    """A stem and `blocks` stride-2 residual blocks on 8x8 inputs: the maps reach 1x1 after three
+    blocks and stay there, so at batch 4 every later BatchNorm normalises over 4 values per
+    channel, which amplifies float32 rounding (docs/porting.md, entry 28)."""
+
+    def __init__(self, blocks=6, width=16, classes=5):
+        super().__init__()
+        self.stem = tnn.Conv2d(3, width, 3, padding=1, bias=False)
+        self.bn0 = tnn.BatchNorm2d(width)
+        self.blocks = tnn.Sequential(*[TorchBlock(width, width) for _ in range(blocks)])
+        self.fc = tnn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.fc(self.blocks(torch.relu(self.bn0(self.stem(x)))).flatten(1))
+
+
+class FlaxTinyResNet(nn.Module):
+    blocks: int = 6
+    width: int = 16
+    classes: int = 5
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        h = nn.relu(fpnn.BatchNorm(name="bn0")(Conv2d(self.width, 3, padding=1, use_bias=False, name="stem")(x),
+                                               not train))
+        for i in range(self.blocks):
+            h = FlaxBlock(self.width, name=f"blocks_{i}")(h, train)
+        return fpnn.Dense(self.classes, name="fc")(h.reshape(h.shape[0], -1))

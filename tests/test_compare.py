@@ -25,6 +25,12 @@ def test_compare_writes_the_report_with_every_run(cli, tmp_path):
     assert "| jax-scan |" in md and "vs torch-eager" in md
     for name in ("torch-eager", "jax-scan"):
         assert (work / name / "histogram.png").exists()
+    # The comparison's own picture, linked first from report.md.
+    from PIL import Image
+
+    with Image.open(work / "compare.png") as im:
+        assert im.format == "PNG" and im.size[0] > 800 and im.size[1] > 600  # curves + bars + histograms
+    assert md.index("](compare.png)") < md.index("](jax-scan/histogram.png)")
     # The JAX runners train the same numbers: their quality agrees exactly.
     jax_step = next(r for r in rep["runs"] if r["name"] == "jax-step")
     assert jax_step["quality"] == jax_scan["quality"]

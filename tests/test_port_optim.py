@@ -1,4 +1,4 @@
-"""optax_from_torch: three steps of the translated optax optimizer track torch.optim.
+"""optax_from_torch: twelve steps of the translated optax optimizer (and LR scheduler) track torch.optim.
 
 A small Linear-Tanh-Linear regression in both frameworks (float64, the same weights,
 the same batch), params compared after each step. The JAX side holds torch's tensors
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.torch
 from flaxport.errors import UserError  # noqa: E402
 from flaxport.port import UnsupportedOptimizerError, optax_from_torch, spec_from_torch  # noqa: E402
 
-STEPS = 3
+STEPS = 12
 
 
 def _problem(dtype):
@@ -46,38 +46,62 @@ def _jax_loss(flat, x, y):
     return jnp.mean((h @ p["2.weight"].T + p["2.bias"] - y) ** 2)
 
 
-def _torch_steps(make_opt, dtype=torch.float64):
-    """(params after each step [{name: array}], the optimizer)."""
-    net, x, y = _problem(dtype)
-    opt = make_opt(net.parameters())
+def _make(make_opt, net):
+    """(optimizer, scheduler or None) from a case's factory."""
+    made = make_opt(net.parameters())
+    return made if isinstance(made, tuple) else (made, None)
+
+
+def _torch_run(net, x, y, opt, sched, steps):
     out = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(x), y).backward()
         opt.step()
+        if sched is not None:
+            sched.step()
         out.append({k: v.detach().numpy().copy() for k, v in net.named_parameters()})
-    return out, opt
+    return out
+
+
+def _torch_steps(make_opt, dtype=torch.float64):
+    """(params after each step [{name: array}], the optimizer)."""
+    net, x, y = _problem(dtype)
+    opt, sched = _make(make_opt, net)
+    return _torch_run(net, x, y, opt, sched, STEPS), opt
+
+
+def _flat(tree):
+    return jnp.concatenate([jnp.asarray(tree[k]).ravel() for k in SHAPES])
+
+
+def _optax_run(tx, params, state, x, y, steps):
+    grad = jax.jit(jax.grad(_jax_loss))
+    xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+    out = []
+    for _ in range(steps):
+        updates, state = tx.update(grad(params, xj, yj), state, params)
+        params = optax.apply_updates(params, updates)
+        out.append(_unflatten(params))
+    return out, state
 
 
 def _optax_steps(tx, dtype=torch.float64):
     """Params after each step of `tx` from the same start: [{torch name: jax array}]."""
     net, x, y = _problem(dtype)
-    params = jnp.concatenate([jnp.asarray(v.detach().numpy()).ravel() for v in net.parameters()])
-    state = tx.init(params)
-    grad = jax.jit(jax.grad(_jax_loss))
-    xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
-    out = []
-    for _ in range(STEPS):
-        updates, state = tx.update(grad(params, xj, yj), state, params)
-        params = optax.apply_updates(params, updates)
-        out.append(_unflatten(params))
-    return out
+    params = _flat({k: v.detach().numpy() for k, v in net.named_parameters()})
+    return _optax_run(tx, params, tx.init(params), x, y, STEPS)[0]
 
 
 def _run_both(make_opt, dtype=torch.float64):
-    """[(torch params, optax params)] after each step; the optax side translated from the torch optimizer."""
-    want, opt = _torch_steps(make_opt, dtype)
-    return list(zip(want, _optax_steps(optax_from_torch(opt), dtype)))
+    """[(torch params, optax params)] after each step; the optax side translated from the torch
+    optimizer (and scheduler) as they stand before the first step."""
+    net, x, y = _problem(dtype)
+    opt, sched = _make(make_opt, net)
+    tx = optax_from_torch(opt, sched)
+    params = _flat({k: v.detach().numpy() for k, v in net.named_parameters()})
+    got, _ = _optax_run(tx, params, tx.init(params), x, y, STEPS)
+    return list(zip(_torch_run(net, x, y, opt, sched, STEPS), got))
 
 
 CASES = {
@@ -92,16 +116,49 @@ CASES = {
     "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01),
     "rmsprop_centered_momentum_wd": lambda p: torch.optim.RMSprop(p, lr=0.01, alpha=0.9, eps=1e-3, centered=True,
                                                                   momentum=0.5, weight_decay=0.1),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1),
+    "adagrad_decay_wd_acc": lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.05, weight_decay=0.1,
+                                                          initial_accumulator_value=0.2, eps=1e-6),
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_three_steps_float64(case):
+def _with(sched, opt):
+    return opt, sched(opt)
+
+
+lrs = torch.optim.lr_scheduler
+# Each scheduler over 12 steps, so every phase is crossed: StepLR's boundaries, the cosine's
+# minimum at T_max = 8 and its way back up, OneCycle's peak and both anneals (momentum too).
+SCHEDULED = {
+    "steplr_sgd_momentum": lambda p: _with(lambda o: lrs.StepLR(o, step_size=3, gamma=0.5),
+                                           torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01)),
+    "exponentiallr_rmsprop_momentum": lambda p: _with(lambda o: lrs.ExponentialLR(o, gamma=0.8),
+                                                      torch.optim.RMSprop(p, lr=0.01, momentum=0.5)),
+    "cosine_adamw": lambda p: _with(lambda o: lrs.CosineAnnealingLR(o, T_max=8, eta_min=1e-3),
+                                    torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)),
+    "linear_warmup_adam": lambda p: _with(lambda o: lrs.LinearLR(o, start_factor=0.1, total_iters=5),
+                                          torch.optim.Adam(p, lr=0.01, weight_decay=0.05)),
+    "onecycle_adam_beta1": lambda p: _with(lambda o: lrs.OneCycleLR(o, max_lr=0.05, total_steps=STEPS),
+                                           torch.optim.Adam(p, lr=0.01)),
+    "onecycle_sgd_nesterov_linear": lambda p: _with(
+        lambda o: lrs.OneCycleLR(o, max_lr=0.2, total_steps=STEPS + 2, pct_start=0.25, anneal_strategy="linear"),
+        torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True)),
+    "onecycle_three_phase_no_momentum_adagrad": lambda p: _with(
+        lambda o: lrs.OneCycleLR(o, max_lr=0.3, total_steps=STEPS, three_phase=True, cycle_momentum=False),
+        torch.optim.Adagrad(p, lr=0.1)),
+    "linear_warmup_rmsprop_centered": lambda p: _with(lambda o: lrs.LinearLR(o, start_factor=0.25, end_factor=0.5,
+                                                                             total_iters=6),
+                                                      torch.optim.RMSprop(p, lr=0.01, centered=True)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(SCHEDULED))
+def test_twelve_steps_float64(case):
     with jax.enable_x64(True):
-        for step, (want, got) in enumerate(_run_both(CASES[case]), start=1):
+        for step, (want, got) in enumerate(_run_both({**CASES, **SCHEDULED}[case]), start=1):
             for k in want:
                 assert got[k].dtype == jnp.float64
-                np.testing.assert_allclose(np.asarray(got[k]), want[k], rtol=1e-6, atol=1e-6,
+                np.testing.assert_allclose(np.asarray(got[k]), want[k], rtol=1e-9, atol=1e-12,
                                            err_msg=f"{case} step {step} {k}")
 
 
@@ -125,7 +182,7 @@ def test_spec_and_errors():
         r"amsgrad=True": torch.optim.Adam(net.parameters(), amsgrad=True),
         r"maximize=True": torch.optim.SGD(net.parameters(), lr=0.1, maximize=True),
         r"dampening": torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, dampening=0.1),
-        r"'adagrad' is not translated": torch.optim.Adagrad(net.parameters()),
+        r"'nadam' is not translated .*; the closest optax optimizer is optax.nadam": torch.optim.NAdam(net.parameters()),
         r"param group 1 differs from group 0 in \['lr'\]": torch.optim.SGD(
             [{"params": net[0].parameters()}, {"params": net[2].parameters(), "lr": 0.5}], lr=0.1),
         r"adam option 'foo' is not translated": {"name": "adam", "foo": 1},
@@ -133,3 +190,75 @@ def test_spec_and_errors():
     for message, opt in bad.items():
         with pytest.raises(UnsupportedOptimizerError, match=message):
             optax_from_torch(opt)
+
+
+CARRY = {  # optimizer (+ scheduler) cases whose state is carried mid-run
+    "adam_l2": CASES["adam_l2"], "adamw": CASES["adamw"], "sgd_nesterov": CASES["sgd_nesterov"],
+    "rmsprop_centered_momentum_wd": CASES["rmsprop_centered_momentum_wd"],
+    "adagrad_decay_wd_acc": CASES["adagrad_decay_wd_acc"], "onecycle_adam_beta1": SCHEDULED["onecycle_adam_beta1"],
+    "steplr_sgd_momentum": SCHEDULED["steplr_sgd_momentum"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CARRY))
+def test_state_carried_mid_run_float64(case):
+    """torch takes 5 steps; the optax state built from the torch optimizer (moments, step, the
+    scheduler's count) then takes 7 more beside torch: the same params and moments each step."""
+    from flaxport.port.optim import optax_state_from_torch, optimizer_name, torch_moments
+
+    with jax.enable_x64(True):
+        net, x, y = _problem(torch.float64)
+        opt, sched = _make(CARRY[case], net)
+        _torch_run(net, x, y, opt, sched, 5)
+        tx = optax_from_torch(opt, sched)
+        params = _flat({k: v.detach().numpy() for k, v in net.named_parameters()})
+        state = optax_state_from_torch(tx, opt, net, params, _flat, sched)
+        want = _torch_run(net, x, y, opt, sched, 7)
+        got, state = _optax_run(tx, params, state, x, y, 7)
+        for k in want[-1]:
+            np.testing.assert_allclose(np.asarray(got[-1][k]), want[-1][k], rtol=1e-9, atol=1e-12, err_msg=k)
+        moments = torch_moments(optimizer_name(opt), state)
+        names = dict(net.named_parameters())
+        assert moments and set(moments) <= {k for s in opt.state.values() for k in s}
+        for moment, tree in moments.items():
+            for k, value in _unflatten(tree).items():
+                np.testing.assert_allclose(np.asarray(value), opt.state[names[k]][moment].numpy(), rtol=1e-9,
+                                           atol=1e-12, err_msg=f"{moment} {k}")
+
+
+def test_optax_builtin_schedules_are_not_torchs():
+    """Why CosineAnnealingLR and OneCycleLR are written out: optax.cosine_decay_schedule stays at
+    eta_min after T_max where torch's cosine comes back up, and optax.cosine_onecycle_schedule peaks
+    one step later than torch's OneCycleLR."""
+    from flaxport.port.schedules import schedules_from_torch
+
+    def torch_lrs(make_sched, steps):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        sched, out = make_sched(opt), []
+        for _ in range(steps):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return np.array(out), sched
+
+    with jax.enable_x64(True):
+        want, sched = torch_lrs(lambda o: lrs.CosineAnnealingLR(o, T_max=4), 8)
+        ours = np.array([schedules_from_torch(sched)[0](k) for k in range(8)])
+        np.testing.assert_allclose(ours, want, rtol=1e-12, atol=1e-15)
+        assert want[6] > 0.04 and optax.cosine_decay_schedule(0.1, 4)(6) == 0  # back up vs. stays down
+        want, sched = torch_lrs(lambda o: lrs.OneCycleLR(o, max_lr=1.0, total_steps=10, cycle_momentum=False), 10)
+        ours = np.array([schedules_from_torch(sched)[0](k) for k in range(10)])
+        np.testing.assert_allclose(ours, want, rtol=1e-12, atol=1e-15)
+        builtin = np.array([optax.cosine_onecycle_schedule(10, 1.0)(k) for k in range(10)])
+        assert int(np.argmax(want)) == 2 and int(np.argmax(builtin)) == 3
+
+
+def test_untranslated_schedulers_name_the_closest_optax_schedule():
+    from flaxport.port.schedules import UnsupportedSchedulerError
+
+    net, _, _ = _problem(torch.float64)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(UnsupportedSchedulerError, match=r"MultiStepLR is not translated .*closest optax one is "
+                                                        r"optax.piecewise_constant_schedule"):
+        optax_from_torch(opt, lrs.MultiStepLR(opt, [2, 4]))
+    assert issubclass(UnsupportedSchedulerError, UserError)

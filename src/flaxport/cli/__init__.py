@@ -10,7 +10,7 @@ import sys
 
 from flaxport.errors import UserError
 
-SUBCOMMANDS = ("train", "compare", "evaluate", "sample", "parity", "convert", "data", "export", "env")
+SUBCOMMANDS = ("train", "compare", "evaluate", "sample", "parity", "convert", "data", "export", "env", "translate")
 
 
 class Parser(argparse.ArgumentParser):

@@ -18,9 +18,10 @@ def add_debug(p):
 def add_train_flags(p, epochs_default=None):
     """The `train` contract every workload honours (compare shares most of it)."""
     p.add_argument("workload", help="gan, cnn, vae or ddim")
-    p.add_argument("--config", default="default", help="config variant: default, smoke, bench (gan also: tuned)")
-    p.add_argument("--epochs", type=int, default=epochs_default, help="epochs (default: the config's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", default="default", help="config variant: default, smoke, bench (gan also: tuned, quick)")
+    p.add_argument("--epochs", type=int, default=epochs_default,
+                   help="epochs (default: the config's)" if epochs_default is None else "epochs")
+    p.add_argument("--seed", type=int, default=0, help="root seed: init, shuffles and every random draw")
     p.add_argument("--workdir", default=None, help="run directory (default runs/WORKLOAD-...)")
     p.add_argument("--data", default=None, metavar="SOURCE", help="dataset source (workload-specific)")
     p.add_argument("--data-dir", default=None, help="where real datasets live (default $FLAXPORT_DATA)")

@@ -10,8 +10,8 @@ from flaxport.errors import UserError
 
 def add_parser(sub):
     p = sub.add_parser("evaluate", help="quality metrics of a trained run")
-    p.add_argument("workload")
-    p.add_argument("--workdir", required=True)
+    p.add_argument("workload", help="gan, cnn, vae or ddim")
+    p.add_argument("--workdir", required=True, help="a run of any framework (its newest checkpoint)")
     p.add_argument("--data-dir", default=None, help="where real datasets live (default $FLAXPORT_DATA)")
     common.add_debug(p)
     p.set_defaults(run=run)

@@ -17,7 +17,7 @@ EXPORTERS = {"ddim": "flaxport.workloads.ddim.export"}
 
 def add_parser(sub):
     p = sub.add_parser("export", help="serialise a trained sampler (jax.export) with its weights inside")
-    p.add_argument("workload")
+    p.add_argument("workload", help="ddim")
     p.add_argument("--workdir", required=True, help="a jax or torch run (its newest checkpoint)")
     p.add_argument("--out", required=True, help="file to write (jax.export serialisation)")
     p.add_argument("--steps", type=int, default=None, help="sampler steps (default: the config's picture steps)")

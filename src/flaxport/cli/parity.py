@@ -46,7 +46,7 @@ def add_parser(sub):
     p.add_argument("--seed", type=int, default=0, help="torch init, the batch and the BatchNorm draw")
     p.add_argument("--json", action="store_true", help="print the reports as one JSON object")
     p.add_argument("--atol", type=float, default=1e-5, help="a row passes when max|diff| <= atol + rtol * max|torch|")
-    p.add_argument("--rtol", type=float, default=1e-5)
+    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance")
     p.add_argument("--config", default="default", help="config variant (default: default)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     p.add_argument("--flax-set", action="append", default=[], metavar="KEY=VALUE",

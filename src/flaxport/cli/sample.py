@@ -11,8 +11,8 @@ from flaxport.errors import UserError
 
 def add_parser(sub):
     p = sub.add_parser("sample", help="draw samples from a trained run and write its pictures")
-    p.add_argument("workload")
-    p.add_argument("--workdir", required=True)
+    p.add_argument("workload", help="gan, cnn, vae or ddim")
+    p.add_argument("--workdir", required=True, help="a run of any framework (its newest checkpoint)")
     p.add_argument("--n", type=int, default=None, help="how many samples (generative workloads)")
     p.add_argument("--steps", type=int, default=None,
                    help="sampler steps of the pictures (workloads with an iterative sampler: ddim)")

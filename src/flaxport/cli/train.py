@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from flaxport.cli import common
+from flaxport.cli import common, stack
 from flaxport.errors import UserError
 from flaxport.harness.metrics import info
 
@@ -11,7 +11,7 @@ from flaxport.harness.metrics import info
 def add_parser(sub):
     p = sub.add_parser("train", help="train a workload in one framework")
     common.add_train_flags(p)
-    p.add_argument("--framework", default="jax", choices=common.FRAMEWORKS)
+    p.add_argument("--framework", default="jax", choices=common.FRAMEWORKS, help="which twin trains")
     p.add_argument("--runner", default=None, choices=("step", "scan"), help="jax: jit per step or scan-fused epoch")
     p.add_argument("--torch-variant", default="eager", choices=("eager", "tuned", "compiled"),
                    help="torch: the seed's loop, tuned for CPU, or tuned + torch.compile")
@@ -19,10 +19,14 @@ def add_parser(sub):
     p.add_argument("--init-from", default=None, metavar="FILE",
                    help="jax: start from a PyTorch checkpoint's weights (.pt/.pth/.safetensors; optimizer fresh)")
     common.add_scale_flags(p)
+    stack.add_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    if stack.wanted(args):  # several runs as one vectorised program
+        stack.check_flags(args)
+        return stack.run(args, *common.workload_and_config(args))
     joined = False
     if args.framework == "jax":
         joined = common.join_distributed(args)  # before JAX makes its devices

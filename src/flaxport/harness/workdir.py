@@ -100,8 +100,9 @@ class Claim:
         self.committed = False
 
     def commit(self, config) -> None:
-        """Write `{**identity, "config": config}` to config.json: call it once every check passed."""
-        if self._fd is not None:  # a multi-process run's other processes leave the files to process 0
+        """Write `{**identity, "config": config}` to config.json: call it once every check passed.
+        config None: the folder is kept and written to, but holds no config.json (a stack's)."""
+        if self._fd is not None and config is not None:  # a multi-process run's other processes leave the files to process 0
             try:
                 write_json(self.path / "config.json", {**self.identity, "config": config})
             except OSError as e:

@@ -39,13 +39,15 @@ def _fwd_call(x_padded, kernel):
     n, hp, wp, _ = x_padded.shape
     k, cout = kernel.shape[0], kernel.shape[3]
     out = jax.ShapeDtypeStruct((n, hp - k + 1, wp - k + 1, cout), jnp.float32)
-    return jax.ffi.ffi_call("flaxport_conv_fwd", out)(x_padded, kernel)
+    # Under vmap (harness.vmap's stacked members) each member runs the kernel in turn:
+    # the same sums, in the same order, as its own single run.
+    return jax.ffi.ffi_call("flaxport_conv_fwd", out, vmap_method="sequential")(x_padded, kernel)
 
 
 def _dw_call(x_padded, grad_out, k: int):
     _require()
     out = jax.ShapeDtypeStruct((k, k, x_padded.shape[3], grad_out.shape[3]), jnp.float32)
-    return jax.ffi.ffi_call("flaxport_conv_dw", out)(x_padded, grad_out)
+    return jax.ffi.ffi_call("flaxport_conv_dw", out, vmap_method="sequential")(x_padded, grad_out)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))

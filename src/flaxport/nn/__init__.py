@@ -8,7 +8,9 @@ from flaxport.nn.conv_transpose import (ConvTranspose1d, ConvTranspose2d, ConvTr
 from flaxport.nn.linear import Dense, torch_bias_init, torch_kernel_init
 from flaxport.nn.norm import GroupNorm, LayerNorm
 from flaxport.nn.pool import AvgPool, MaxPool, avg_pool, max_pool
+from flaxport.nn.recurrent import GRU, LSTM
 
 __all__ = ["AvgPool", "BatchNorm", "Conv1d", "Conv2d", "Conv3d", "ConvNd", "ConvTranspose1d", "ConvTranspose2d",
-           "ConvTranspose3d", "ConvTransposeNd", "Dense", "GELU", "GroupNorm", "LayerNorm", "MaxPool", "avg_pool",
-           "conv2d", "conv_transpose", "gelu", "max_pool", "max_pool2d", "torch_bias_init", "torch_kernel_init"]
+           "ConvTranspose3d", "ConvTransposeNd", "Dense", "GELU", "GRU", "GroupNorm", "LSTM", "LayerNorm", "MaxPool",
+           "avg_pool", "conv2d", "conv_transpose", "gelu", "max_pool", "max_pool2d", "torch_bias_init",
+           "torch_kernel_init"]

@@ -16,7 +16,7 @@ C++ compiler, FLAXPORT_NATIVE=0) it runs `fallback` on a CPU ("im2col" unless th
 knows better: the DDIM's big convs are faster as "xla") and "xla" on GPU/TPU. "im2col" gathers the kh*kw shifted views
 into one (N*H*W, kh*kw*cin) matrix and multiplies once; "xla" calls
 `lax.conv_general_dilated`. Same numbers up to float rounding; on XLA:CPU im2col is the
-faster one for small convolutions (README, "CNN speed"), and a conv
+faster one for small convolutions (docs/cpu.md, "The CNN"), and a conv
 inside `lax.scan` there runs far slower than the same conv jitted alone (jax#12868)
 while the matmul form does not.
 """

@@ -17,79 +17,23 @@ forward pass and the gradient of a loss for every parameter (mapped through the 
 
 A row passes when max|torch - flax| <= atol + rtol * max|torch| (scale-aware: a layer of
 large activations gets a proportionally larger budget).
+
+Dropout in train mode: both sides apply the same masks (port/dropout.py), or none with
+dropout='off'; the report says which. A float32 check with failing rows is repeated in
+float64 on both sides (port/noise.py): a row that passes there is float32 rounding, one
+that fails again a real divergence, and the first divergence named is the first real one.
 """
 from __future__ import annotations
 
 import copy
-import dataclasses
-import json
 import math
 
 import numpy as np
 
+from flaxport.port.converters import channels_first_kind
+from flaxport.port.report import ParityReport, Row
 from flaxport.port.weights import (CHANNELS_FIRST_KINDS, KeyMap, _torch_kind, as_tuple, build_key_map, canonical,
                                    mode_kwargs, to_flax_input, to_torch_input)
-
-
-@dataclasses.dataclass
-class Row:
-    """One comparison. phase: 'forward' (a layer's output), 'output', 'running_stats' or 'grad'."""
-
-    phase: str
-    torch_name: str
-    flax_name: str
-    shape: tuple | None  # Flax-side shape (gradients are compared in torch's layout)
-    max_abs: float
-    max_rel: float  # max_abs / max|torch|
-    ok: bool
-    note: str = ""
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        for k in ("max_abs", "max_rel"):
-            d[k] = d[k] if math.isfinite(d[k]) else str(d[k])
-        d["shape"] = list(self.shape) if self.shape is not None else None
-        return d
-
-
-@dataclasses.dataclass
-class ParityReport:
-    rows: list
-    train: bool
-    atol: float
-    rtol: float
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.rows)
-
-    @property
-    def first_divergence(self) -> Row | None:
-        """The first failing row in execution order (forward, output, running stats, grads), or None."""
-        return next((r for r in self.rows if not r.ok), None)
-
-    def to_dict(self) -> dict:
-        first = self.first_divergence
-        return {"ok": self.ok, "train": self.train, "atol": self.atol, "rtol": self.rtol,
-                "first_divergence": first.to_dict() if first else None, "rows": [r.to_dict() for r in self.rows]}
-
-    def to_json(self, indent=None) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    def __str__(self) -> str:
-        first = self.first_divergence
-        mode = "train" if self.train else "eval"
-        head = (f"parity ({mode} mode, atol={self.atol:g}, rtol={self.rtol:g}): "
-                + ("OK" if first is None else
-                   f"FIRST DIVERGENCE at torch {first.torch_name!r} / flax {first.flax_name!r} ({first.phase})"))
-        table = [("#", "phase", "torch", "flax", "shape", "max_abs", "rel", "")]
-        for i, r in enumerate(self.rows):
-            status = "ok" if r.ok else ("FAIL <- first" if r is first else "FAIL")
-            table.append((str(i), r.phase, r.torch_name, r.flax_name, "x".join(map(str, r.shape or ())),
-                          f"{r.max_abs:.3g}", f"{r.max_rel:.3g}", status + (f" ({r.note})" if r.note else "")))
-        widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
-        return "\n".join([head] + lines)
 
 
 # --------------------------------------------------------------------------- comparison
@@ -160,9 +104,13 @@ def _default_flax_loss(out):
 
 
 # --------------------------------------------------------------------------- the two runs
-def _run_torch(tm, inputs, kwargs, loss_fn):
-    """(outputs, {module name: [arrays]} in completion order, grads {name: array} or None)."""
+def _run_torch(tm, inputs, kwargs, loss_fn, dropout=("off", None, None)):
+    """(outputs, {module name: [arrays]} in completion order, grads {name: array} or None).
+
+    dropout: (mode, NumPy generator, DropoutLog) for port.dropout.torch_dropout."""
     import torch
+
+    from flaxport.port.dropout import torch_dropout
 
     names = {id(m): n for n, m in tm.named_modules()}
     caps: dict = {}
@@ -172,8 +120,9 @@ def _run_torch(tm, inputs, kwargs, loss_fn):
 
     handles = [m.register_forward_hook(hook) for n, m in tm.named_modules() if n]
     xs = [to_torch_input(x) for x in inputs]
+    mode, rng, log = dropout
     try:
-        with torch.set_grad_enabled(loss_fn is not None):
+        with torch.set_grad_enabled(loss_fn is not None), torch_dropout(mode, rng, log):
             out = tm(*xs, **kwargs)
             if loss_fn is not None:
                 tm.zero_grad(set_to_none=True)
@@ -188,7 +137,7 @@ def _run_torch(tm, inputs, kwargs, loss_fn):
     return _arrays(out), caps, grads
 
 
-_RUNNERS: dict = {}  # (flax module, kwargs, mutable, loss_fn) -> (jitted run, {input signature: paths})
+_RUNNERS: dict = {}  # (flax module, kwargs, mutable, loss_fn, dropout) -> (jitted run, {input signature: paths})
 
 
 def _signature(tree):
@@ -197,24 +146,29 @@ def _signature(tree):
     return jax.tree.structure(tree), tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(tree))
 
 
-def _runner(flax_module, kwargs, mutable, loss_fn):
-    """A jitted run(params, rest, xs) -> ((out, captures, new vars), grads) and the captured
+def _runner(flax_module, kwargs, mutable, loss_fn, dropout_mode="off", channels_first=False):
+    """A jitted run(params, rest, xs, masks) -> ((out, captures, new vars), grads) and the captured
     module paths per traced input signature. Cached, so repeated checks of one module
-    (eval after a wrong port, a loop over checkpoints) compile once."""
+    (eval after a wrong port, a loop over checkpoints) compile once. masks: the torch side's
+    dropout masks, which the Flax Dropout calls take in order (port/dropout.py)."""
     import jax
     from flax import linen as fnn
 
+    from flaxport.port.dropout import FlaxMasks
+    from flaxport.port.weights import split_rngs
+
+    kwargs, _ = split_rngs(kwargs, None)
     try:
-        key = (flax_module, tuple(sorted(kwargs.items())), tuple(mutable or ()), loss_fn)
+        key = (flax_module, tuple(sorted(kwargs.items())), tuple(mutable or ()), loss_fn, dropout_mode,
+               channels_first)
         hash(key)
     except TypeError:
         key = None
     if key is not None and key in _RUNNERS:
         return _RUNNERS[key]
     paths_by_sig: dict = {}
-    rng = jax.random.key(0)
 
-    def forward(params, rest, xs, paths):
+    def forward(params, rest, xs, masks, rngs, paths):
         caps = []
 
         def record(next_fun, args, kw, context):
@@ -224,18 +178,20 @@ def _runner(flax_module, kwargs, mutable, loss_fn):
                 caps.append([a for a in jax.tree.leaves(out) if hasattr(a, "shape") and hasattr(a, "dtype")])
             return out
 
-        with fnn.intercept_methods(record):
-            res = flax_module.apply({"params": params, **rest}, *xs, **kwargs, mutable=mutable, rngs={"dropout": rng})
+        flax_masks = FlaxMasks(masks, dropout_mode, channels_first)
+        with fnn.intercept_methods(record), flax_masks.linen():
+            res = flax_module.apply({"params": params, **rest}, *xs, **kwargs, mutable=mutable, rngs=dict(rngs))
+        flax_masks.finish()
         out, new = res if mutable else (res, {})
         return out, caps, new
 
-    def run(params, rest, xs):  # runs only while tracing
-        paths = paths_by_sig.setdefault(_signature((params, rest, xs)), [])
+    def run(params, rest, xs, masks, rngs):  # runs only while tracing
+        paths = paths_by_sig.setdefault(_signature((params, rest, xs, masks)), [])
         paths.clear()
         if loss_fn is None:
-            return forward(params, rest, xs, paths), None
-        (_, aux), grads = jax.value_and_grad(lambda p: (lambda r: (loss_fn(r[0]), r))(forward(p, rest, xs, paths)),
-                                             has_aux=True)(params)
+            return forward(params, rest, xs, masks, rngs, paths), None
+        (_, aux), grads = jax.value_and_grad(
+            lambda p: (lambda r: (loss_fn(r[0]), r))(forward(p, rest, xs, masks, rngs, paths)), has_aux=True)(params)
         return aux, grads
 
     # One jit for forward (+ gradient): compiled once, it beats op-by-op dispatch. XLA's
@@ -249,19 +205,25 @@ def _runner(flax_module, kwargs, mutable, loss_fn):
     return entry
 
 
-def _run_flax(flax_module, variables, xs, kwargs, train, loss_fn):
+def _run_flax(flax_module, variables, xs, kwargs, train, loss_fn, masks=(), dropout_mode="off",
+              channels_first=False):
     """(outputs, [(path, class, [arrays])] in completion order, new batch_stats or None, grads or None)."""
     import jax
+
+    from flaxport.port.weights import split_rngs
 
     params = variables["params"]
     rest = {k: v for k, v in variables.items() if k != "params"}
     mutable = ["batch_stats"] if train and "batch_stats" in variables else False
     xs = [jax.numpy.asarray(x) for x in xs]
-    run, paths_by_sig = _runner(flax_module, kwargs, mutable, loss_fn)
+    masks = [jax.numpy.asarray(m) for m in masks]
+    _, rngs = split_rngs(kwargs, jax.random.key(0))
+    rngs.pop("params")
+    run, paths_by_sig = _runner(flax_module, kwargs, mutable, loss_fn, dropout_mode, channels_first)
     with jax.default_matmul_precision("highest"):
-        (out, caps, new), grads = run(params, rest, xs)
+        (out, caps, new), grads = run(params, rest, xs, masks, rngs)
     paths = paths_by_sig[_signature((jax.tree.map(jax.numpy.asarray, params), jax.tree.map(jax.numpy.asarray, rest),
-                                     xs))]
+                                     xs, masks))]
     captured = [(path, cls, [np.asarray(a) for a in c]) for (path, cls), c in zip(paths, caps)]
     return _arrays(out), captured, (new.get("batch_stats") if new else None), grads
 
@@ -291,22 +253,58 @@ class _TorchPrecision:
 def check_parity(torch_module, flax_module, variables, inputs, train: bool = False, loss_fn=None,
                  atol: float = 1e-5, rtol: float = 1e-5, *, grads: bool | None = None, flatten_shapes=None,
                  key_map: KeyMap | None = None, input_layout: str = "auto", flax_kwargs=None,
-                 torch_kwargs=None) -> ParityReport:
+                 torch_kwargs=None, dropout: str = "equal", recheck_float64: bool = True,
+                 seed: int = 0) -> ParityReport:
     """Run both modules on `inputs` and compare them layer by layer -> ParityReport.
 
     torch_module: left untouched (a deep copy runs, in train or eval mode as asked).
     variables: the Flax variables (e.g. port_weights' result). inputs: array/tensor or tuple,
     torch layout; Flax gets them channels-last as in port_weights. The Flax module gets the
     train/eval flag its __call__ names (train, deterministic, use_running_average) unless
-    flax_kwargs says otherwise; in train mode batch_stats are mutable.
+    flax_kwargs says otherwise; in train mode batch_stats are mutable. flax_kwargs may hold
+    `rngs` (a dict of keys, a key or a seed) for the Flax side's other random streams.
     loss_fn: out -> scalar, one callable for both frameworks or a (torch_fn, flax_fn) pair;
     gradients are compared when `grads` is True, by default in train mode or when a loss_fn is
     given (default loss: sum over outputs of mean(out**2)). flatten_shapes / key_map: as
     port_weights (key_map skips rebuilding it).
+    dropout: 'equal' (torch's masks, drawn from `seed`, given to the Flax side) or 'off'.
+    recheck_float64: when a float32 check fails, repeat it in float64 and label each failing
+    row float32 rounding or a real divergence (`report.ok` is then False only for real ones).
     """
+    from flaxport.port import noise
+    from flaxport.port.dropout import check_mode
+
+    check_mode(dropout)
     inputs = as_tuple(inputs)
     km = key_map or build_key_map(torch_module, flax_module, inputs, flatten_shapes=flatten_shapes,
                                   input_layout=input_layout, flax_kwargs=flax_kwargs, torch_kwargs=torch_kwargs)
+    args = dict(train=train, loss_fn=loss_fn, atol=atol, rtol=rtol, grads=grads, km=km, flax_kwargs=flax_kwargs,
+                torch_kwargs=torch_kwargs, dropout=dropout, seed=seed)
+    report = _check(torch_module, flax_module, variables, inputs, **args)
+    if report.strict_ok or not recheck_float64 or not noise.is_float32(variables, inputs):
+        return report
+    import jax
+
+    try:
+        with jax.enable_x64(True):
+            report64 = _check(noise.torch_float64(torch_module), flax_module, noise.tree_float64(variables),
+                              tuple(noise.array_float64(x) for x in inputs), **args)
+    except Exception as e:  # the model cannot run in float64: keep the float32 verdict, say why
+        report.recheck = f"not possible ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return report
+    if report64.flax_dtype and report64.flax_dtype != "float64":
+        report.recheck = noise.NOT_FLOAT64.format(report64.flax_dtype)
+        return report
+    report.recheck = noise.classify(report.rows, report64.rows)
+    report.float64_report = report64
+    report.why = noise.why(report.rows, torch_module, [to_torch_input(x) for x in inputs], torch_kwargs)
+    return report
+
+
+def _check(torch_module, flax_module, variables, inputs, *, train, loss_fn, atol, rtol, grads, km, flax_kwargs,
+           torch_kwargs, dropout, seed) -> ParityReport:
+    from flaxport.port.dropout import DropoutLog, describe, silence_recurrent_dropout
+
     cf = km.input_channels_first
     want_grads = (train or loss_fn is not None) if grads is None else grads
     if isinstance(loss_fn, (tuple, list)):
@@ -317,11 +315,15 @@ def check_parity(torch_module, flax_module, variables, inputs, train: bool = Fal
         t_loss, f_loss = _default_torch_loss, _default_flax_loss
 
     tm = copy.deepcopy(torch_module).train(train)
+    notes = silence_recurrent_dropout(tm)
+    log = DropoutLog()
     with _TorchPrecision():
-        t_out, t_caps, t_grads = _run_torch(tm, inputs, torch_kwargs or {}, t_loss if want_grads else None)
+        t_out, t_caps, t_grads = _run_torch(tm, inputs, torch_kwargs or {}, t_loss if want_grads else None,
+                                            (dropout, np.random.default_rng(seed), log))
     fkw = {**mode_kwargs(flax_module, train), **(flax_kwargs or {})}
     f_out, f_caps, f_stats, f_grads = _run_flax(flax_module, variables, [to_flax_input(x, cf) for x in inputs], fkw,
-                                                train, f_loss if want_grads else None)
+                                                train, f_loss if want_grads else None, [m for m, _, _ in log.masks],
+                                                dropout, cf)
 
     mods = dict(tm.named_modules())
     rows = _forward_rows(km, mods, t_caps, f_caps, cf, atol, rtol)
@@ -346,7 +348,9 @@ def check_parity(torch_module, flax_module, variables, inputs, train: bool = Fal
         for k, g in t_grads.items():
             if k in ported:
                 rows.append(Row("grad", k, flax_name[k], flax_shape[k], *compare(g, ported[k], atol, rtol)))
-    return ParityReport(rows, train, atol, rtol)
+    report = ParityReport(rows, train, atol, rtol, dropout=describe(dropout, [len(log.masks)], notes) if train else "")
+    report.flax_dtype = str(f_out[0].dtype) if f_out else ""
+    return report
 
 
 def _forward_rows(km, mods, t_caps, f_caps, cf, atol, rtol) -> list:
@@ -379,7 +383,7 @@ def _forward_rows(km, mods, t_caps, f_caps, cf, atol, rtol) -> list:
             continue
         f_arrays = f_first[path]
         kind = _torch_kind(mods[tname])
-        layer_cf = kind in CHANNELS_FIRST_KINDS or (kind in (None, "gelu") and cf)
+        layer_cf = kind in CHANNELS_FIRST_KINDS or channels_first_kind(kind) or (kind in (None, "gelu") and cf)
         fname = "/".join(path)
         if len(t_arrays) != len(f_arrays):
             rows.append(Row("forward", tname, fname, None, math.inf, math.inf, False,

@@ -22,6 +22,10 @@ The map is driven by both trees (the HF / jformers approach, docs: porting pitfa
    BatchNorm running_mean/var             batch_stats mean/var     (num_batches_tracked dropped)
    LayerNorm/GroupNorm weight/bias        scale/bias
    Embedding.weight (V, D)                embedding (V, D)
+   LSTM/GRU weight_ih_l0 (G*H, I), ...    kernel_ih_l0 (I, G*H) .T; both biases kept (flaxport.nn.LSTM/GRU)
+
+   The table is a registry of per-layer converters (port/converters.py); a layer type it does
+   not know is one `register_converter(TorchType, fn)` away.
 
 Strict: a torch tensor without a Flax slot, a Flax variable without a torch tensor, or a
 shape that differs after conversion raises a PortError (a UserError) naming both paths.
@@ -37,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from flaxport.errors import UserError
+from flaxport.port.converters import DROP, FlattenedLinear, Slot, conversion, converter_for, flax_converter_for
 
 
 class PortError(UserError):
@@ -59,10 +64,8 @@ class UnsupportedLayerError(PortError):
     """A layer type the porter does not know how to convert."""
 
 
+# Kinds whose torch layer works on (N, C, ...) data (a registered converter can add its own).
 CHANNELS_FIRST_KINDS = {"conv1", "conv2", "conv3", "convt1", "convt2", "convt3", "batchnorm", "groupnorm", "pool"}
-_TORCH_LEAF = {"weight": "kernel", "bias": "bias"}  # linear / conv
-_NORM_LEAF = {"weight": ("params", "scale"), "bias": ("params", "bias"),
-              "running_mean": ("batch_stats", "mean"), "running_var": ("batch_stats", "var")}
 
 
 def _np(v) -> np.ndarray:
@@ -77,51 +80,6 @@ def canonical(name: str) -> str:
 
 
 # --------------------------------------------------------------------------- conversions
-@dataclasses.dataclass(frozen=True)
-class Permute:
-    """torch array -> Flax array by an axis permutation, then a flip of some (Flax) axes."""
-
-    axes: tuple
-    flip: tuple = ()
-
-    def to_flax(self, a):
-        a = np.transpose(a, self.axes)
-        return np.ascontiguousarray(np.flip(a, self.flip) if self.flip else a)
-
-    def to_torch(self, a):
-        a = np.flip(a, self.flip) if self.flip else a
-        return np.ascontiguousarray(np.transpose(a, np.argsort(self.axes)))
-
-    def flax_shape(self, shape):
-        return tuple(shape[i] for i in self.axes)
-
-
-@dataclasses.dataclass(frozen=True)
-class FlattenedLinear:
-    """Linear weight (O, C*prod(S)) read after a torch flatten of (C, *S), for a Flax flatten of (*S, C)."""
-
-    feature_shape: tuple  # (C, *S), torch's order
-
-    def to_flax(self, w):
-        c, s = self.feature_shape[0], self.feature_shape[1:]
-        n = len(s)
-        w = w.reshape((w.shape[0], c) + s).transpose(tuple(range(2, n + 2)) + (1, 0))
-        return np.ascontiguousarray(w.reshape(-1, w.shape[-1]))
-
-    def to_torch(self, k):
-        c, s = self.feature_shape[0], self.feature_shape[1:]
-        n = len(s)
-        k = k.reshape(s + (c, k.shape[-1])).transpose((n + 1, n) + tuple(range(n)))
-        return np.ascontiguousarray(k.reshape(k.shape[0], -1))
-
-    def flax_shape(self, shape):
-        return (shape[1], shape[0])
-
-
-def _identity_for(ndim):
-    return Permute(tuple(range(ndim)))
-
-
 @dataclasses.dataclass(frozen=True)
 class Leaf:
     """One tensor: torch key <-> Flax path ('params', 'fc1', 'kernel'), with its conversion."""
@@ -148,17 +106,17 @@ class LayerPair:
 
 # --------------------------------------------------------------------------- layer discovery
 def _torch_kind(module) -> str | None:
+    """The kind of a torch layer: its converter's (linear, conv2, lstm, a user's, ...), 'pool' or
+    'gelu' for the parameter-free layers parity pairs, else None."""
     from torch import nn
 
-    table = [(nn.Linear, "linear"), (nn.Conv1d, "conv1"), (nn.Conv2d, "conv2"), (nn.Conv3d, "conv3"),
-             (nn.ConvTranspose1d, "convt1"), (nn.ConvTranspose2d, "convt2"), (nn.ConvTranspose3d, "convt3"),
-             (nn.modules.batchnorm._BatchNorm, "batchnorm"), (nn.LayerNorm, "layernorm"),
-             (nn.GroupNorm, "groupnorm"), (nn.Embedding, "embedding"),
-             ((nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d), "pool"),
-             (nn.GELU, "gelu")]
-    for cls, kind in table:
-        if isinstance(module, cls):
-            return kind
+    conv = converter_for(module)
+    if conv is not None:
+        return conv.kind
+    if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)):
+        return "pool"
+    if isinstance(module, nn.GELU):
+        return "gelu"
     return None
 
 
@@ -179,10 +137,11 @@ def _flax_kind(module, leaves: dict) -> tuple[str, str]:
         return f"convt{rank - 2}", "flaxport"
     if isinstance(module, fnn.ConvTranspose):
         return f"convt{rank - 2}", "flax_tk" if module.transpose_kernel else "flax"
-    known = [((fnn.Dense, fp.Dense), "linear"), ((fnn.Conv, fp.Conv2d, fp.ConvNd), f"conv{rank - 2}"),
-             ((fnn.BatchNorm, fp.BatchNorm), "batchnorm"), ((fnn.LayerNorm, fp.LayerNorm), "layernorm"),
-             ((fnn.GroupNorm, fp.GroupNorm), "groupnorm"), ((fnn.Embed,), "embedding"),
-             ((fp.MaxPool, fp.AvgPool), "pool"), ((fp.GELU,), "gelu")]
+    registered = flax_converter_for(module)
+    if registered is not None:
+        return registered.kind, ""
+    known = [((fnn.Conv, fp.Conv2d, fp.ConvNd), f"conv{rank - 2}"), ((fp.MaxPool, fp.AvgPool), "pool"),
+             ((fp.GELU,), "gelu")]
     for classes, kind in known:
         if module is not None and isinstance(module, classes):
             return kind, ""
@@ -248,6 +207,23 @@ def input_channels_first(torch_module, inputs, input_layout: str) -> bool:
     return False
 
 
+def split_rngs(flax_kwargs, default_key) -> tuple[dict, dict]:
+    """(flax_kwargs without 'rngs', the rngs for apply/init): a user's `rngs` (a dict of keys,
+    one key, or an int seed) over {'params': default_key, 'dropout': default_key}."""
+    import jax
+
+    kwargs = dict(flax_kwargs or {})
+    rngs = {"params": default_key, "dropout": default_key}
+    given = kwargs.pop("rngs", None)
+    if isinstance(given, int):
+        given = jax.random.key(given)
+    if isinstance(given, dict):
+        rngs.update(given)
+    elif given is not None:
+        rngs.update({"params": given, "dropout": given})
+    return kwargs, rngs
+
+
 def flax_layers(flax_module, flax_inputs, flax_kwargs) -> tuple[dict, dict]:
     """({module path: module instance} in first-call order, abstract variables) of an abstract init."""
     import jax
@@ -259,10 +235,9 @@ def flax_layers(flax_module, flax_inputs, flax_kwargs) -> tuple[dict, dict]:
         calls.setdefault(tuple(context.module.path), context.module)
         return next_fun(*args, **kwargs)
 
-    key = jax.random.key(0)
+    kwargs, rngs = split_rngs(flax_kwargs, jax.random.key(0))
     with fnn.intercept_methods(record):
-        shapes = jax.eval_shape(lambda: flax_module.init({"params": key, "dropout": key}, *flax_inputs,
-                                                         **flax_kwargs))
+        shapes = jax.eval_shape(lambda: flax_module.init(rngs, *flax_inputs, **kwargs))
     return calls, dict(shapes)
 
 
@@ -328,6 +303,20 @@ class KeyMap:
             node[leaf.flax_path[-1]] = v
         return out
 
+    def params_to_flax(self, tensors) -> dict:
+        """{torch parameter name: array} (every parameter; gradients, moments) -> the 'params' tree, NumPy."""
+        out: dict = {}
+        for leaf in self.leaves:
+            if leaf.flax_path[0] != "params":
+                continue
+            if leaf.torch_key not in tensors:
+                raise MissingKeyError(f"no {leaf.torch_key!r} among the torch tensors (for Flax {leaf.flax_name!r})")
+            node = out
+            for part in leaf.flax_path[1:-1]:
+                node = node.setdefault(part, {})
+            node[leaf.flax_path[-1]] = leaf.convert.to_flax(_np(tensors[leaf.torch_key]))
+        return out
+
     def to_torch(self, variables, num_batches_tracked=None) -> dict:
         """Flax variables -> {torch key: NumPy array}, in the torch module's state_dict order.
 
@@ -391,12 +380,7 @@ def build_key_map(torch_module, flax_module, example_input, *, flatten_shapes=No
         flax_leaves.setdefault(path[1:-1], {})[(path[0], path[-1])] = shape
     order = {p: i for i, p in enumerate(calls)}
     flax_paths = sorted(flax_leaves, key=lambda p: order.get(p, len(order)))
-    flax_info = {p: _flax_kind(calls.get(p), flax_leaves[p]) for p in flax_paths}
-    for p, (kind, _) in flax_info.items():
-        if not kind:
-            raise UnsupportedLayerError(f"Flax layer {'/'.join(p)!r} ({type(calls.get(p)).__name__}, variables "
-                                        f"{sorted('/'.join(t) for t in flax_leaves[p])}) is not a type flaxport.port "
-                                        "converts")
+    flax_info = {p: _flax_kind(calls.get(p), flax_leaves[p]) for p in flax_paths}  # kind "": pairs by name only
 
     # torch layers: owner module name -> [state_dict keys], in first-call order.
     sd = torch_module.state_dict()
@@ -413,8 +397,10 @@ def build_key_map(torch_module, flax_module, example_input, *, flatten_shapes=No
     for n in torch_names:
         torch_kinds[n] = _torch_kind(mods[n])
         if torch_kinds[n] in (None, "pool", "gelu"):
-            raise UnsupportedLayerError(f"torch layer {n!r} ({type(mods[n]).__name__}, tensor "
-                                        f"{torch_owned[n][0]!r}) is not a type flaxport.port converts")
+            cls = type(mods[n])
+            raise UnsupportedLayerError(f"torch layer {n!r} ({cls.__name__}, tensor {torch_owned[n][0]!r}) is not a "
+                                        f"type flaxport.port converts: register one with flaxport.port."
+                                        f"register_converter({cls.__name__}, fn) (docs/porting.md)")
 
     # Pair: by name, then by call order within a kind.
     pairs, flax_left = [], list(flax_paths)
@@ -424,7 +410,7 @@ def build_key_map(torch_module, flax_module, example_input, *, flatten_shapes=No
         p = by_canon.get(canonical(n))
         if p is not None and p in flax_left:
             fk = flax_info[p][0]
-            if not _compatible(torch_kinds[n], fk):
+            if fk and not _compatible(torch_kinds[n], fk):
                 raise PortError(f"torch {n!r} is {type(mods[n]).__name__} ({torch_kinds[n]}) but the Flax layer "
                                 f"of the same name {'/'.join(p)!r} is {type(calls.get(p)).__name__} ({fk or '?'})")
             pairs.append(LayerPair(n, p, torch_kinds[n]))
@@ -442,6 +428,11 @@ def build_key_map(torch_module, flax_module, example_input, *, flatten_shapes=No
     if flax_left:
         p = flax_left[0]
         leaf = next(iter(flax_leaves[p]))
+        if not flax_info[p][0]:
+            raise UnsupportedLayerError(f"Flax layer {'/'.join(p)!r} ({type(calls.get(p)).__name__}, variables "
+                                        f"{sorted('/'.join(t) for t in flax_leaves[p])}) is not a type flaxport.port "
+                                        "converts: name it as its torch layer, or register_converter(TorchType, fn, "
+                                        f"flax_types=({type(calls.get(p)).__name__},))")
         raise MissingKeyError(f"Flax {'/'.join((leaf[0],) + p + (leaf[1],))!r} ({type(calls.get(p)).__name__}) "
                               f"has no torch counterpart: every torch layer is paired already")
     pairs.sort(key=lambda pr: torch_names.index(pr.torch_name))
@@ -453,18 +444,24 @@ def build_key_map(torch_module, flax_module, example_input, *, flatten_shapes=No
     leaves, dropped = [], {}
     for pair in pairs:
         n, p = pair.torch_name, pair.flax_path
-        variant = flax_info[p][1]
+        table = _converter_table(mods[n], calls.get(p), n)
+        label = f"the converter for {type(mods[n]).__name__}"
         covered = set()
         for key in torch_owned[n]:
             leaf_name = key.rpartition(".")[2]
-            if leaf_name == "num_batches_tracked":
+            slot = table.get(leaf_name)
+            if slot == DROP:
                 dropped[key] = _np(sd[key])
                 continue
-            target, conv = _slot(pair.kind, leaf_name, sd[key].ndim, variant, flatten_shapes.get(n))
+            slot = Slot(slot) if isinstance(slot, str) else slot
+            target = (slot.collection, slot.name) if slot is not None else None
             if target is None or target not in flax_leaves[p]:
                 want = "/".join(target[:1] + p + target[1:]) if target else "?"
                 raise UnexpectedKeyError(f"torch {key!r} has no counterpart: Flax layer {pair.flax_name!r} has no "
                                          f"{want!r} (its variables: {sorted('/'.join(t) for t in flax_leaves[p])})")
+            conv = conversion(slot, sd[key].ndim, label)
+            if n in flatten_shapes and leaf_name == "weight":
+                conv = FlattenedLinear(tuple(flatten_shapes[n]))
             covered.add(target)
             leaves.append(Leaf(key, (target[0],) + p + (target[1],), conv))
         for target in flax_leaves[p]:
@@ -475,41 +472,37 @@ def build_key_map(torch_module, flax_module, example_input, *, flatten_shapes=No
                 input_channels_first=cf)
     for leaf in leaves:  # shape check now, so errors come at build time
         t_shape = tuple(sd[leaf.torch_key].shape)
-        got = leaf.convert.flax_shape(t_shape)
+        try:
+            got = leaf.convert.flax_shape(t_shape)
+        except Exception as e:  # a user's to_flax that fails on an array of the tensor's shape
+            raise PortError(f"{getattr(leaf.convert, 'label', 'the converter')} failed on torch {leaf.torch_key!r} {t_shape}: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         if isinstance(leaf.convert, FlattenedLinear):
             c_s = leaf.convert.feature_shape
             if int(np.prod(c_s)) != t_shape[1]:
                 raise ShapeMismatchError(f"flatten_shapes[{leaf.torch_key.rpartition('.')[0]!r}] = {c_s} has "
                                          f"{int(np.prod(c_s))} features, torch {leaf.torch_key!r} reads {t_shape[1]}")
         if got != flat[leaf.flax_path]:
-            raise ShapeMismatchError(f"shape mismatch: torch {leaf.torch_key!r} {t_shape} -> {got}, but Flax "
+            by = f" by {leaf.convert.label}" if hasattr(leaf.convert, "label") else ""
+            raise ShapeMismatchError(f"shape mismatch: torch {leaf.torch_key!r} {t_shape} -> {got}{by}, but Flax "
                                      f"{leaf.flax_name!r} is {flat[leaf.flax_path]}")
     return km
 
 
-def _slot(kind, leaf_name, ndim, variant, flatten_shape):
-    """((collection, Flax leaf name), conversion) of one torch tensor of a layer of `kind`; (None, None) if none."""
-    if kind == "linear" and leaf_name in _TORCH_LEAF:
-        if leaf_name == "weight":
-            return ("params", "kernel"), FlattenedLinear(tuple(flatten_shape)) if flatten_shape else Permute((1, 0))
-        return ("params", "bias"), _identity_for(ndim)
-    if kind.startswith("conv") and leaf_name in _TORCH_LEAF:
-        if leaf_name == "bias":
-            return ("params", "bias"), _identity_for(ndim)
-        spatial = tuple(range(2, ndim))
-        if kind.startswith("convt"):
-            if variant == "flax_tk":
-                return ("params", "kernel"), Permute(spatial + (1, 0))
-            flip = tuple(range(ndim - 2)) if variant == "flax" else ()
-            return ("params", "kernel"), Permute(spatial + (0, 1), flip)
-        return ("params", "kernel"), Permute(spatial + (1, 0))
-    if kind in ("batchnorm", "layernorm", "groupnorm") and leaf_name in _NORM_LEAF:
-        if kind != "batchnorm" and leaf_name.startswith("running"):
-            return None, None
-        return _NORM_LEAF[leaf_name], _identity_for(ndim)
-    if kind == "embedding" and leaf_name == "weight":
-        return ("params", "embedding"), _identity_for(ndim)
-    return None, None
+def _converter_table(torch_layer, flax_layer, name) -> dict:
+    """The layer's converter's {torch tensor name: Slot | str | DROP}, its failures as one-line PortErrors."""
+    conv = converter_for(torch_layer)
+    try:
+        table = conv.fn(torch_layer, flax_layer)
+    except UserError:
+        raise
+    except Exception as e:
+        raise PortError(f"the converter for {type(torch_layer).__name__} failed on torch layer {name!r}: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    if not isinstance(table, dict):
+        raise PortError(f"the converter for {type(torch_layer).__name__} returned {type(table).__name__}, not a "
+                        "dict {torch tensor name: Slot or Flax variable name}")
+    return table
 
 
 # --------------------------------------------------------------------------- public API

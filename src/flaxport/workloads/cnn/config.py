@@ -10,6 +10,8 @@ class Config:
     # The values a string field may take; `--set` checks them before anything runs.
     CHOICES: ClassVar[dict] = {"data": ("digits", "cifar10"), "conv_impl": ("native", "im2col", "xla"),
                                "runner": ("step", "scan")}
+    # Fields `train --sweep` may vary inside one vectorised program.
+    SWEEPABLE: ClassVar[tuple] = ("lr", "b1", "b2", "adam_eps", "bn_momentum")
 
     variant: str = "default"
     # Data: "digits" (embedded, the default) or "cifar10" (--data-dir). 32x32x3 either way.
@@ -36,7 +38,7 @@ class Config:
     # How the Flax convs run (flaxport.nn.conv2d): "native" (flaxport's FFI kernels on
     # CPU, else im2col/xla), "im2col" (patches @ kernel) or "xla" (the conv op).
     conv_impl: str = "native"
-    # scan: one compiled epoch (README, cnn speed).
+    # scan: one compiled epoch (docs/benchmarks.md, CNN).
     runner: str = "scan"
 
 

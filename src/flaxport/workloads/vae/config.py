@@ -8,6 +8,8 @@ from typing import ClassVar
 @dataclasses.dataclass(frozen=True)
 class Config:
     CHOICES: ClassVar[dict] = {"data": ("digits", "binarized_mnist"), "runner": ("step", "scan")}
+    # Fields `train --sweep` may vary inside one vectorised program.
+    SWEEPABLE: ClassVar[tuple] = ("lr", "b1", "b2", "adam_eps")
 
     variant: str = "default"
     # Data: "digits" (embedded, binarized 28x28, the default) or "binarized_mnist" (--data-dir).

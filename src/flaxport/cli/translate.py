@@ -1,0 +1,192 @@
+"""flaxport translate FACTORY --input SHAPE[:DTYPE] ... --out DIR: a torch model as Flax NNX source.
+
+FACTORY is `path/to/file.py:name` or `package.module:name`; `name` is a function (or class)
+that returns the torch.nn.Module, called with no arguments. Importing the file runs it: it
+is the user's own code, which is the point of the command. Weights (--weights) are read
+without running anything: .safetensors, or a torch file through torch.load(weights_only=True)
+(a state_dict, or a dict holding one under "state_dict" or "model").
+
+--input gives one example input per positional argument of forward, in torch's layout:
+`2,3,32,32` (float32 from N(0, 1)), `2,7:int64` (token ids drawn below the smallest
+nn.Embedding's size, else below 2), also float64, int32, bool.
+
+Writes DIR/model.py (imports only jax, flax, numpy and the standard library; `load(DIR)`),
+DIR/weights.safetensors (torch's state_dict names) and DIR/parity.md, and prints a summary.
+Exit 0 when the float64 check passes, 1 when it does not (the files are written, and the
+first submodule that differs is named), 2 for bad input (an unknown factory, a bad --input,
+weights that do not fit, ops with no translation: one line each).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from flaxport.cli import common
+from flaxport.errors import UserError
+
+DTYPES = ("float32", "float64", "int64", "int32", "bool")
+
+
+def add_parser(sub):
+    p = sub.add_parser("translate", help="translate a torch.nn.Module into Flax NNX source, weights and proof")
+    p.add_argument("factory", metavar="FACTORY", help="file.py:name or package.module:name returning the nn.Module")
+    p.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]", required=False,
+                   help="an example input per positional forward argument, e.g. 2,3,32,32 or 2,7:int64")
+    p.add_argument("--out", required=False, metavar="DIR", help="where to write model.py, weights.safetensors, parity.md")
+    p.add_argument("--weights", default=None, metavar="FILE", help="load these torch weights first (.pt, .safetensors)")
+    p.add_argument("--layout", default="nchw", choices=("nchw", "nhwc"),
+                   help="nchw: torch's layout (default); nhwc: image models keep channels last inside")
+    p.add_argument("--train", action="store_true", help="the model starts in train mode (torch's module.train())")
+    p.add_argument("--seed", type=int, default=0, help="seed of the example inputs")
+    common.add_debug(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    if not args.input:
+        raise UserError("translate needs --input SHAPE[:DTYPE] for each positional input of forward")
+    if not args.out:
+        raise UserError("translate needs --out DIR")
+    specs = [parse_input(text) for text in args.input]  # before anything slow runs
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a directory")
+    module = load_factory(args.factory)
+    if args.weights:
+        load_weights(module, args.weights)
+    module.train(args.train)
+    inputs = make_inputs(specs, module, args.seed)
+    from flaxport.translate import translate
+
+    t = translate(module, *inputs, layout=args.layout)
+    t.save(out)
+    print(t.summary())
+    print(f"wrote {out / 'model.py'}, {out / 'weights.safetensors'}, {out / 'parity.md'}")
+    if not t.report.ok:
+        first = t.report.first_divergence
+        print(f"flaxport: parity failed: the translation of {first.torch_name!r} computes something else "
+              f"(max |diff| {first.max_abs:.3g}); see {out / 'parity.md'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def parse_input(text: str):
+    """'2,3,32,32' / '2,7:int64' -> (shape, dtype)."""
+    shape_text, _, dtype = text.partition(":")
+    dtype = dtype or "float32"
+    if dtype not in DTYPES:
+        raise UserError(f"--input {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    try:
+        shape = tuple(int(s) for s in shape_text.split(","))
+    except ValueError:
+        raise UserError(f"--input {text!r}: a shape is comma-separated sizes, e.g. 2,3,32,32") from None
+    if not shape or any(s < 1 for s in shape):
+        raise UserError(f"--input {text!r}: every size must be at least 1")
+    return shape, dtype
+
+
+def load_factory(spec: str):
+    """The nn.Module a FACTORY spec names (file.py:name or module:name)."""
+    import torch
+
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise UserError(f"FACTORY {spec!r}: write it as file.py:name or package.module:name")
+    if target.endswith(".py") or "/" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise UserError(f"FACTORY {spec!r}: no such file {target}")
+        sys.path.insert(0, str(path.resolve().parent))  # the user's sibling imports
+        mod_name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else f"user_{path.stem}"
+        try:
+            loader = importlib.util.spec_from_file_location(mod_name, path)
+            mod = importlib.util.module_from_spec(loader)
+            sys.modules[mod_name] = mod
+            loader.loader.exec_module(mod)
+        except Exception as e:  # noqa: BLE001 - the user's file: one line, not a traceback
+            raise UserError(f"FACTORY {spec!r}: importing {target} failed: {type(e).__name__}: {_first_line(e)}") from e
+    else:
+        try:
+            mod = importlib.import_module(target)
+        except Exception as e:  # noqa: BLE001
+            raise UserError(f"FACTORY {spec!r}: cannot import {target}: {type(e).__name__}: {_first_line(e)}") from e
+    if not hasattr(mod, name):
+        raise UserError(f"FACTORY {spec!r}: {target} has no {name!r}")
+    obj = getattr(mod, name)
+    if isinstance(obj, torch.nn.Module):
+        return obj
+    if not callable(obj):
+        raise UserError(f"FACTORY {spec!r}: {name} is neither a function nor an nn.Module")
+    try:
+        module = obj()
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"FACTORY {spec!r}: calling {name}() failed: {type(e).__name__}: {_first_line(e)}") from e
+    if not isinstance(module, torch.nn.Module):
+        raise UserError(f"FACTORY {spec!r}: {name}() returned a {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def load_weights(module, path) -> None:
+    """Load a checkpoint into module without unpickling code (safetensors or weights_only)."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--weights {path}: no such file")
+    if path.suffix == ".safetensors":
+        from flaxport.translate.save import read_safetensors
+
+        try:
+            arrays, _ = read_safetensors(path)
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"--weights {path}: not a readable safetensors file ({_first_line(e)})") from e
+        state = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - refusing a pickle with code is the point
+            raise UserError(f"--weights {path}: cannot read it as plain tensors (torch.load weights_only): "
+                            f"{_first_line(e)}") from e
+        if isinstance(state, dict) and not all(torch.is_tensor(v) for v in state.values()):
+            state = state.get("state_dict") or state.get("model") or state
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise UserError(f"--weights {path}: holds no state_dict (a dict of tensor names to tensors)")
+    result_missing, result_unexpected = _diff_keys(module.state_dict(), state)
+    if result_missing or result_unexpected:
+        raise UserError(f"--weights {path} does not fit {type(module).__name__}: "
+                        f"{len(result_missing)} missing ({', '.join(result_missing[:3])}), "
+                        f"{len(result_unexpected)} unexpected ({', '.join(result_unexpected[:3])})")
+    own = module.state_dict()
+    bad = [k for k, v in state.items() if tuple(v.shape) != tuple(own[k].shape)]
+    if bad:
+        k = bad[0]
+        raise UserError(f"--weights {path} does not fit {type(module).__name__}: {len(bad)} shape(s) differ, "
+                        f"e.g. {k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}")
+    module.load_state_dict(state)
+
+
+def _diff_keys(own, given):
+    return [k for k in own if k not in given], [k for k in given if k not in own]
+
+
+def make_inputs(specs, module, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    tables = [m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)]
+    high = min(tables) if tables else 2
+    out = []
+    for shape, dtype in specs:
+        if dtype in ("float32", "float64"):
+            out.append(torch.randn(shape, generator=g, dtype=getattr(torch, dtype)))
+        elif dtype == "bool":
+            out.append(torch.rand(shape, generator=g) > 0.5)
+        else:
+            out.append(torch.randint(0, high, shape, generator=g, dtype=getattr(torch, dtype)))
+    return out
+
+
+def _first_line(e) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]

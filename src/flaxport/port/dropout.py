@@ -1,0 +1,197 @@
+"""Dropout in train-mode checks: the same masks on both sides, or none.
+
+torch draws its masks from its global generator, JAX from explicit keys, so two correct
+twins never drop the same units (docs/porting.md, entry 23). For a check, torch's
+dropout functions (F.dropout, dropout1d/2d/3d, through nn.Dropout* or called directly)
+are intercepted with a TorchFunctionMode: each call draws its keep-mask from a NumPy
+generator and records it, scaled by 1/(1-p); the Flax side's `nn.Dropout` (Linen) or
+`nnx.Dropout` calls, intercepted in the same order, multiply by the same arrays (moved
+channels-last where the Flax side is). mode='off' makes every dropout the identity on
+both sides instead. Dropout drawn inside a torch kernel (nn.LSTM / nn.GRU between layers)
+cannot be intercepted: it is turned off on both sides, and the report says so.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import numpy as np
+
+from flaxport.errors import UserError
+
+MODES = ("equal", "off")
+
+
+class DropoutMismatchError(UserError):
+    """The two sides apply dropout a different number of times, or to other shapes."""
+
+
+@dataclasses.dataclass
+class DropoutLog:
+    """What the torch side drew in one forward: [(scaled mask in torch layout, p, function name)]."""
+
+    masks: list = dataclasses.field(default_factory=list)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise UserError(f"dropout={mode!r}: use 'equal' (the same masks on both sides) or 'off'")
+    return mode
+
+
+def _dropout_functions():
+    import torch.nn.functional as F
+
+    return {F.dropout: 0, F.dropout1d: 1, F.dropout2d: 2, F.dropout3d: 3}
+
+
+def _alpha_functions():
+    import torch.nn.functional as F
+
+    return {F.alpha_dropout, F.feature_alpha_dropout}
+
+
+@contextlib.contextmanager
+def torch_dropout(mode: str, rng: np.random.Generator, log: DropoutLog):
+    """Within: torch's dropout functions use recorded masks from `rng` (mode 'equal') or none ('off')."""
+    import inspect
+
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    functions = _dropout_functions()
+    alpha = _alpha_functions()
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in alpha:
+                raise UserError(f"{func.__name__} in train mode cannot be matched between frameworks: check in eval "
+                                "mode, or replace it while checking")
+            if func not in functions:
+                return func(*args, **kwargs)
+            bound = inspect.signature(func).bind(*args, **kwargs)
+            bound.apply_defaults()
+            x, p, training = bound.arguments["input"], float(bound.arguments["p"]), bound.arguments["training"]
+            if not training or p == 0.0 or mode == "off":
+                return x
+            nd = functions[func]
+            if nd == 0:
+                shape = tuple(x.shape)
+            else:  # whole channels: (N, C, 1...) batched, (C, 1...) unbatched
+                lead = x.ndim - nd
+                shape = tuple(x.shape[:lead]) + (1,) * nd
+            keep = rng.random(shape) >= p
+            scaled = (keep / (1.0 - p)).astype(torch.empty((), dtype=x.dtype).numpy().dtype)
+            log.masks.append((scaled, p, func.__name__))
+            return x * torch.from_numpy(scaled).to(x.device)
+
+    with Mode():
+        yield log
+
+
+def silence_recurrent_dropout(torch_module) -> list:
+    """Turn off the between-layer dropout of torch RNNs in train mode (torch draws it inside its
+    kernel); -> notes naming each one. Call on a copy."""
+    import torch
+
+    notes = []
+    for name, m in torch_module.named_modules():
+        if isinstance(m, torch.nn.RNNBase) and m.dropout and m.training:
+            notes.append(f"{type(m).__name__} {name or '<root>'!r}: its between-layer dropout p={m.dropout} is off on "
+                         "both sides (torch draws it inside its kernel)")
+            m.dropout = 0.0
+    return notes
+
+
+def fit_mask(mask, shape, channels_first: bool, index: int):
+    """A torch-layout mask (as an array) in the shape the Flax input broadcasts it to."""
+    import jax.numpy as jnp
+
+    candidates = [mask]
+    if mask.ndim >= 3:
+        moved = jnp.moveaxis(mask, 1, -1)
+        candidates = [moved, mask] if channels_first else [mask, moved]
+    for c in candidates:
+        try:
+            if np.broadcast_shapes(tuple(c.shape), tuple(shape)) == tuple(shape):
+                return c
+        except ValueError:
+            continue
+    raise DropoutMismatchError(f"dropout call {index + 1}: torch's mask {tuple(mask.shape)} does not fit the Flax "
+                               f"input {tuple(shape)}")
+
+
+class FlaxMasks:
+    """The Flax side's dropout calls, in order, take the torch side's masks (traced arrays)."""
+
+    def __init__(self, masks, mode: str, channels_first: bool):
+        self.masks, self.mode, self.cf, self.used = list(masks), mode, channels_first, 0
+
+    def apply(self, x, rate: float, recurrent: bool):
+        if self.mode == "off" or recurrent or rate == 0.0:
+            return x
+        if self.used >= len(self.masks):
+            raise DropoutMismatchError(f"the Flax model applies dropout more often than torch does in one forward "
+                                       f"(torch: {len(self.masks)} calls): they must drop in the same places")
+        mask = fit_mask(self.masks[self.used], x.shape, self.cf, self.used)
+        self.used += 1
+        return x * mask.astype(x.dtype)
+
+    def finish(self):
+        if self.mode == "equal" and self.used != len(self.masks):
+            raise DropoutMismatchError(f"torch applies dropout {len(self.masks)} times in one forward, the Flax model "
+                                       f"{self.used}: they must drop in the same places")
+
+    @contextlib.contextmanager
+    def linen(self):
+        """Intercept flax.linen.Dropout calls (those inside flaxport.nn.LSTM/GRU are off)."""
+        from flax import linen as fnn
+
+        from flaxport.nn.recurrent import _Recurrent
+
+        def intercept(next_fun, args, kwargs, context):
+            mod = context.module
+            if not (isinstance(mod, fnn.Dropout) and context.method_name == "__call__"):
+                return next_fun(*args, **kwargs)
+            det = kwargs.get("deterministic", args[1] if len(args) > 1 else None)
+            det = fnn.merge_param("deterministic", mod.deterministic, det)
+            if det:
+                return args[0] if args else kwargs["inputs"]
+            x = args[0] if args else kwargs["inputs"]
+            return self.apply(x, float(mod.rate), isinstance(mod.parent, _Recurrent))
+
+        with fnn.intercept_methods(intercept):
+            yield self
+
+    @contextlib.contextmanager
+    def nnx(self):
+        """Replace nnx.Dropout.__call__ for the duration (a trace)."""
+        from flax import nnx
+
+        original = nnx.Dropout.__call__
+        masks = self
+
+        def call(mod, inputs, *, deterministic=None, rngs=None):
+            det = deterministic if deterministic is not None else mod.deterministic
+            if det:
+                return inputs
+            return masks.apply(inputs, float(mod.rate), False)
+
+        nnx.Dropout.__call__ = call
+        try:
+            yield self
+        finally:
+            nnx.Dropout.__call__ = original
+
+
+def describe(mode: str, counts: list, notes: list) -> str:
+    """One line for a report: how dropout was handled."""
+    if mode == "off":
+        text = "off on both sides (dropout='off')"
+    elif not any(counts):
+        text = "none drawn (no dropout in train mode)"
+    else:
+        text = (f"masks made equal (torch's masks given to the Flax side; {max(counts)} call"
+                f"{'s' if max(counts) != 1 else ''} a forward)")
+    return text + "".join(f"; {n}" for n in notes)

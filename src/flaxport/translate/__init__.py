@@ -1,0 +1,37 @@
+"""Translate a torch.nn.Module into readable Flax NNX source, with its weights and the proof.
+
+  translate(torch_module, *example_inputs, **example_kwargs) -> Translation
+      .source   the generated model.py (imports only jax, flax, numpy, stdlib)
+      .model    an nnx.Module with the torch weights, in the torch module's train/eval mode
+      .report   the proof: float64 per submodule boundary, float32 beside (a ParityReport)
+      .state_dict(tree=None)       NNX variables (or a tree shaped like them: gradients,
+                                   optimizer moments) -> {torch name: NumPy}, torch's layouts
+      .load_state_dict(state_dict) torch names -> NNX variables (NumPy or tensors)
+      .new_model(dtype=None, seed=0) a fresh copy (jnp.float64 under jax.enable_x64(True))
+      .save(directory)             model.py, weights.safetensors, parity.md
+  proof.check_train(t, torch_module) -> ParityReport: one train-mode forward against torch
+      (dropout off on both sides): outputs, BatchNorm running statistics and counters
+  translate_function(fn, *example_args, **example_kwargs) -> a function on JAX arrays
+      (e.g. a loss: translate_function(F.cross_entropy, logits, targets))
+
+Importing this package imports neither torch nor JAX; the functions do.
+"""
+from flaxport.translate.errors import ExportError, TranslateError, UnsupportedOpsError
+
+
+def translate(module, *example_args, **example_kwargs):
+    from flaxport.translate.translation import translate as _translate
+
+    return _translate(module, *example_args, **example_kwargs)
+
+
+translate.__doc__ = """Translate a torch.nn.Module into Flax NNX source (see flaxport.translate.translation.translate)."""
+
+
+def translate_function(fn, *example_args, **example_kwargs):
+    from flaxport.translate.function import translate_function as _tf
+
+    return _tf(fn, *example_args, **example_kwargs)
+
+
+__all__ = ["ExportError", "TranslateError", "UnsupportedOpsError", "translate", "translate_function"]

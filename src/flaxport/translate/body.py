@@ -1,0 +1,702 @@
+"""One module call's `__call__` body: statements in source order, named as the user named them.
+
+The nodes of a frame (and of the parameter-free torch modules it calls, such as ReLU,
+which are inlined) become statements. A value used once, by the next part of the same
+source statement, is inlined (`out = jax.nn.relu(self.bn1(self.conv1(x)))`); any other
+value gets a name: the assignment target of its source statement where there is one,
+else a short name after its op. Sizes are read from a named array's `.shape`.
+
+Numbers that may differ between two instances of one class (channels, strides, eps) are
+emitted as slots (`\\x00N\\x00`), so the class planner can tell which instances share a
+class and which numbers become constructor arguments.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from flaxport.translate import capture as cap
+from flaxport.translate import ops as oplib
+from flaxport.translate import source as src
+from flaxport.translate.context import OpContext
+from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported
+
+SHORT_NAMES = {"scaled_dot_product_attention": "attn", "layer_norm": "normed", "group_norm": "normed",
+               "batch_norm": "normed", "linear": "h", "conv2d": "h", "conv1d": "h", "conv3d": "h",
+               "getitem": "item", "embedding": "embedded", "softmax": "probs", "log_softmax": "log_probs",
+               "unsqueeze": "expanded", "expand": "expanded", "view": "h", "reshape": "h", "transpose": "h",
+               "permute": "h", "cat": "joined", "add": "h", "mul": "h", "sub": "h", "div": "h"}
+
+
+# Ops whose handlers read sizes from their output's or inputs' shapes.
+SHAPE_OPS = {"aten.expand.default", "aten.flatten.using_ints", "aten.unflatten.int", "aten.expand_copy.default"}
+
+
+@dataclasses.dataclass
+class Body:
+    """A rendered __call__: parameter names, statement lines (with slots), and what it needs."""
+
+    params: list  # __call__ parameter names
+    lines: list  # statement texts (one per line, no indentation), slot markers inside
+    slots: list  # [(value, hint)] for the slot markers \x00i\x00
+    helpers: set  # runtime functions used
+    synth: dict  # attribute name -> constructor template (dropout modules, rng streams)
+    needs_training: bool
+    outputs: list  # fx nodes returned, in order
+    imports: set  # 'math', 'np', ...
+
+    def template(self) -> str:
+        return "\n".join(self.lines)
+
+
+class Unit:
+    """A step of the body: an op node, a child call, or a buffer update."""
+
+    def __init__(self, kind, index, node=None, frame=None, outputs=(), key=None, stmt=None):
+        self.kind, self.index, self.node, self.frame = kind, index, node, frame
+        self.outputs = list(outputs)  # values it produces
+        self.key, self.stmt = key, stmt
+        self.target = None  # buffer update: the buffer's torch name
+
+
+class BodyRenderer:
+    """Renders one frame of one capture. `plan` answers questions about other frames
+    (kinds, attribute paths, inputs and outputs, twin nodes in the other captures)."""
+
+    def __init__(self, plan, capture, frame, class_path: str):
+        self.plan, self.capture, self.frame = plan, capture, frame
+        self.path = class_path  # the module path this class renders (== frame.path)
+        self.cls_file = src.class_file(type(frame.module))
+        self.slots: list = []
+        self.helpers: set = set()
+        self.imports: set = set()
+        self.synth: dict = {}
+        self.needs_training = False
+        self.names: dict = {}  # fx node -> variable name
+        self.exprs: dict = {}  # fx node -> Expr for values rendered inline or precomputed
+        self.multi: dict = {}  # multi-output node -> Outputs
+        self.lines: list = []
+
+    # ------------------------------------------------------------------ structure
+    def _units(self):
+        units = []
+        inside_call = {}
+
+        def visit(frame):
+            for item in frame.items:
+                if isinstance(item, cap.Frame):
+                    if self.plan.kind(item) == "inline":
+                        visit(item)
+                    else:
+                        u = Unit("call", len(units), frame=item, outputs=self.plan.io(item)[1])
+                        u.stmt = self._stmt_of_frame(item)
+                        u.key = u.stmt.key if u.stmt else None
+                        units.append(u)
+                        for n in item.all_nodes():
+                            inside_call[n] = u
+                else:
+                    if cap.is_sym(item):
+                        continue
+                    u = Unit("op", len(units), node=item, outputs=[item])
+                    u.stmt = src.statement(item, self.cls_file)
+                    u.key = u.stmt.key if u.stmt else None
+                    units.append(u)
+                    for target, value in self.capture.buffer_updates.items():
+                        if value is item and self.plan.owns_update(self.frame, target):
+                            up = Unit("update", len(units), node=item, key=u.key, stmt=u.stmt)
+                            up.target = target
+                            units.append(up)
+
+        visit(self.frame)
+        self._split_iterations(units)
+        return units, inside_call
+
+    @staticmethod
+    def _split_iterations(units):
+        """A statement run again by a loop (`for layer in self.layers: x = layer(x)`) makes more
+        module calls than it has call expressions: each run becomes a statement of its own."""
+        calls: dict = {}
+        current: dict = {}
+        for u in units:
+            if u.key is None:
+                continue
+            if u.kind == "call":
+                k = calls.get(u.key, 0)
+                calls[u.key] = k + 1
+                current[u.key] = k // u.stmt.calls if u.stmt else 0
+            u.key = u.key + (current.get(u.key, 0),)
+
+    def _stmt_of_frame(self, frame):
+        """The statement of this class's code that called the child frame."""
+        nodes = list(frame.all_nodes())
+        stmt = src.call_statement(nodes, type(self.frame.module))
+        if stmt is not None:
+            return stmt
+        for n in nodes:
+            s = src.statement(n, self.cls_file)
+            if s is not None:
+                return s
+        return None
+
+    # ------------------------------------------------------------------ rendering
+    def render(self) -> Body:
+        inputs, outputs = self.plan.io(self.frame)
+        self.inputs = inputs
+        self.units, inside_call = self._units()
+        producer = {}
+        for u in self.units:
+            for v in u.outputs:
+                producer[v] = u
+        self.producer = producer
+        # consumers of each produced value: units of this body, or "return"
+        out_set = set(outputs)
+        consumers: dict = {v: [] for v in producer}
+        for v in inputs:
+            if not isinstance(v, str):
+                consumers.setdefault(v, [])
+        for u in self.units:
+            used = self._used_by(u)
+            for v in used:
+                if v in consumers and u not in consumers[v]:
+                    consumers[v].append(u)
+        for v in outputs:
+            if v in consumers:
+                consumers[v].append("return")
+        self.consumers = consumers
+        self.inline = {v for v in producer if self._inlinable(v, out_set)}
+        self._limit_depth()
+        self.current_unit = None
+        self._plan_symbols()
+        # names of the inputs
+        params = self.plan.param_names(self.frame)
+        for v, name in zip(inputs, params):
+            if isinstance(v, cap.Frame):
+                continue
+            self.names[v] = name
+        self.live = {name: math.inf for name in params}
+        self.holder = {}
+        self.current_op = None
+        self.sym_cache = {}
+        self.positions = self._positions()
+        for v, name in zip(inputs, params):
+            if not isinstance(v, str):
+                self.live[name] = self._last_use(v)
+        self._assign_names(out_set)
+        for v, name in zip(inputs, params):
+            if not isinstance(v, str):
+                self.holder[name] = v
+        for u in self.units:
+            self._emit(u)
+        self.lines.append(self._return(outputs))
+        params = self.capture.input_names if self.frame.parent is None else self.plan.param_names(self.frame)
+        return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
+                    list(outputs), self.imports)
+
+    def _used_by(self, u) -> list:
+        if u.kind == "call":
+            return [v for v in self.plan.io(u.frame)[0] if not isinstance(v, str)]
+        if u.kind == "update":
+            return [u.node]
+        return list(u.node.all_input_nodes)
+
+    def _inlinable(self, v, out_set) -> bool:
+        u = self.producer[v]
+        if u.kind == "update" or u.key is None:
+            return False
+        if u.kind == "call" and (len(u.outputs) != 1 or self.plan._specs.get(u.frame.path) is not None
+                                 and self.plan._specs[u.frame.path].core):
+            return False
+        if u.kind == "op" and isinstance(v.meta.get("val"), (list, tuple)):
+            return self._multi_inlinable(v)
+        users = self.consumers[v]
+        if len(users) != 1:
+            return False
+        user = users[0]
+        if user == "return":
+            return bool(u.stmt and u.stmt.is_return) and v in out_set and len(self.plan.io(self.frame)[1]) == 1
+        if user.key != u.key or user.kind == "update" and False:
+            return False
+        if user.kind == "op" and isinstance(user.node.meta.get("val"), (list, tuple)) and \
+                len([g for g in user.node.users if g.users]) > 1:
+            return False  # its outputs are separate expressions: do not repeat v in each
+        return True
+
+    def _plan_symbols(self):
+        """Choose, for every size a unit reads, the array whose shape it is read from, and count
+        that read as a use (so the array keeps its name until then)."""
+        import torch
+
+        self.sym_source = {}
+        earlier = [v for v in self.inputs if not isinstance(v, str)]
+        for u in self.units:
+            symbols = []
+
+            def collect(v):
+                if isinstance(v, (list, tuple)):
+                    for e in v:
+                        collect(e)
+                elif isinstance(v, str):
+                    symbols.append(v)
+                elif hasattr(v, "op") and cap.is_sym(v):
+                    symbols.extend(str(s) for s in v.meta["val"].node.expr.free_symbols)
+                elif isinstance(v, torch.SymInt):
+                    symbols.extend(str(s) for s in v.node.expr.free_symbols)
+
+            if u.kind == "call":
+                collect(self.plan.io(u.frame)[0])
+            elif u.kind == "op":
+                node = u.node
+                collect(list(node.args) + list(node.kwargs.values()))
+                if str(node.target) in SHAPE_OPS:
+                    collect(list(getattr(node.meta.get("val"), "shape", ())))
+                    for a in node.all_input_nodes:
+                        collect(list(getattr(a.meta.get("val"), "shape", ()) or ()))
+            args, todo = [], [a for a in self._used_by(u) if not isinstance(a, str) and not cap.is_sym(a)]
+            while todo:
+                a = todo.pop(0)
+                if a in args:
+                    continue
+                args.append(a)
+                if a in self.inline and a in self.producer:
+                    todo += [b for b in self._used_by(self.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
+            for name in dict.fromkeys(symbols):
+                candidates = [a for a in args if a not in self.inline] + list(reversed(earlier))
+                source = next((v for v in candidates if self._dim_of(v, name) is not None), None)
+                if source is None:
+                    continue
+                self.sym_source[(u.index, name)] = source
+                if source in self.consumers and u not in self.consumers[source]:
+                    self.consumers[source].append(u)
+            earlier += [v for v in u.outputs if v not in self.inline and not isinstance(v.meta.get("val"), (list, tuple))]
+
+    def _limit_depth(self, limit: int = 4):
+        """Name the inner part of a nested expression deeper than `limit` calls (torch functions
+        such as F.multi_head_attention_forward put dozens of ops in one source statement)."""
+        depth = {}
+        for u in self.units:
+            args = [a for a in self._used_by(u) if a in self.inline]
+            d = 1 + max((depth.get(a, 0) for a in args), default=0)
+            if d > limit:
+                deepest = max(args, key=lambda a: depth.get(a, 0))
+                self.inline.discard(deepest)
+                d = 1 + max((depth.get(a, 0) for a in args if a in self.inline), default=0)
+            for v in u.outputs:
+                depth[v] = d
+
+    def _multi_inlinable(self, v) -> bool:
+        used = [g for g in v.users if (g.users or self._is_output(g))]
+        return len(used) <= 1
+
+    def _is_output(self, g):
+        return g in set(self.plan.io(self.frame)[1])
+
+    def _positions(self) -> dict:
+        """Emission position of each unit: an inlined unit is emitted with its consumer."""
+        pos = {}
+        for u in reversed(self.units):
+            vals = [v for v in u.outputs if v in self.inline]
+            if vals:
+                user = self.consumers[vals[0]][0]
+                pos[u] = math.inf if user == "return" else pos.get(user, user.index)
+            else:
+                pos[u] = u.index
+        return pos
+
+    def _last_use(self, v) -> float:
+        last = -1
+        for user in self.consumers.get(v, []):
+            last = math.inf if user == "return" else max(last, self.positions[user])
+        return last
+
+    def _assign_names(self, out_set):
+        groups: dict = {}
+        for u in self.units:
+            if u.kind == "update":
+                continue
+            named = [v for v in u.outputs if v not in self.inline and self._needs_name(v)]
+            if named:
+                groups.setdefault(u.key if u.key is not None else ("unit", u.index), []).append((u, named))
+        for key, members in groups.items():
+            values = [v for _, vs in members for v in vs]
+            results = [v for v in values if any(c == "return" or c.key != key for c in self.consumers.get(v, []))]
+            if results and len(results) < len(values):
+                temps = [v for v in values if v not in results]
+                values = results
+                for u, vs in members:
+                    for v in vs:
+                        if v in temps:
+                            self._claim(v, self._fallback_name(u, v), self.positions[u])
+            stmt = members[0][0].stmt
+            targets = list(stmt.targets) if stmt and stmt.targets else []
+            wanted = {}
+            u0 = members[0][0]
+            spec = self.plan._specs.get(u0.frame.path) if u0.kind == "call" else None
+            if spec is not None and spec.core and targets:
+                for v in values:
+                    position = spec.outputs[v.args[1]][1]
+                    if position < len(targets) and targets[position] and \
+                            sum(spec.outputs[w.args[1]][1] == position for w in values) == 1:
+                        wanted[v] = targets[position]
+            elif targets and len(targets) == len(values):
+                wanted = dict(zip(values, targets))
+            elif targets and (len(targets) == 1 or len(values) == 1) and targets[0]:
+                wanted = {values[-1]: targets[0]}
+            for u, vs in members:
+                for v in vs:
+                    if v in values:
+                        self._claim(v, wanted.get(v) or self._fallback_name(u, v), self.positions[u])
+
+    def _needs_name(self, v) -> bool:
+        if isinstance(v.meta.get("val"), (list, tuple)):
+            return False  # a multi-output node: its getitems are named
+        return True
+
+    def _claim(self, v, base: str, pos):
+        base = _safe_name(base)
+        name, k = base, 1
+        while name in self.live and self.live[name] > pos or name in RESERVED:
+            k += 1
+            name = f"{base}{k}"
+        self.names[v] = name
+        self.live[name] = self._last_use(v)
+
+    def _fallback_name(self, u, v) -> str:
+        if u.kind == "call":
+            attr = u.frame.path.rsplit(".", 1)[-1]
+            return attr if not attr.isdigit() else "h"
+        name = cap._target_name(v)
+        if name == "<built-in function getitem>" or name == "getitem":
+            src_node = v.args[0]
+            base = cap._target_name(src_node).split(".")[1] if "." in cap._target_name(src_node) else "item"
+            return SHORT_NAMES.get(base, base) if base not in ("split", "chunk", "unbind") else "part"
+        base = name.split(".")[1] if name.startswith("aten.") else v.name
+        base = base.rstrip("_")
+        return SHORT_NAMES.get(base, base)
+
+    # ------------------------------------------------------------------ statements
+    def _emit(self, u):
+        if u.kind == "update":
+            value = self.value(u.node)
+            self.lines.append(f"{self.plan.attr_of_placeholder(self.path, u.target)}[...] = {value.text}")
+            return
+        if all(v in self.inline for v in u.outputs) and u.outputs:
+            return
+        if u.kind == "call":
+            expr = self._call_expr(u)
+            self._bind(*u.outputs)
+            spec = self.plan._specs.get(u.frame.path)
+            if spec is not None and spec.core:  # LSTM / GRU: destructure (out, (h, c)) as torch returns it
+                self.lines.append(f"{self._destructure(spec, u)} = {expr.text}")
+                return
+            names = [self.names[v] for v in u.outputs]
+            if not names:
+                self.lines.append(expr.text)
+            elif len(names) == 1:
+                self.lines.append(f"{names[0]} = {expr.text}")
+            else:
+                self.lines.append(f"{', '.join(names)} = {expr.text}")
+            return
+        node = u.node
+        val = node.meta.get("val")
+        if isinstance(val, (list, tuple)):
+            result = self._op_expr(node)
+            if isinstance(result, Outputs):
+                self.multi[node] = result
+                return
+            used = [g for g in node.users if g.users or self._is_output(g)]
+            if node in self.inline or (len(used) == 1 and used[0] in self.inline):
+                self.exprs[node] = result
+                return
+            targets = ["_"] * len(val)
+            for g in node.users:
+                if isinstance(g.args[1], int) and g in self.names:
+                    targets[g.args[1]] = self.names[g]
+            self.lines.append(f"{', '.join(targets)} = {result.text}")
+            for g in node.users:
+                if g in self.names:
+                    self.exprs[g] = Expr(self.names[g])
+                    self._bind(g)
+            return
+        if node in self.exprs:  # a getitem already bound by a tuple statement
+            return
+        expr = self._op_expr(node)
+        self._bind(node)
+        self.lines.append(f"{self.names[node]} = {expr.text}")
+
+    def _bind(self, *values):
+        for v in values:
+            if v in self.names:
+                self.holder[self.names[v]] = v
+
+    def value_as(self, v, want) -> Expr:
+        """value(v) in layout `want` (a transpose where v is kept in the other layout)."""
+        from flaxport.translate import layout as lay
+
+        e = self.value(v)
+        have = self.plan.layout_of(self.capture, v)
+        if have == want:
+            return e
+        perm = lay.TO_TORCH if want == lay.TORCH else lay.TO_LAST
+        return Expr(f"{e.at(ATOM)}.transpose{perm}")
+
+    def _destructure(self, spec, u) -> str:
+        by_index = {v.args[1]: self.names[v] for v in u.outputs}
+        top: dict = {}
+        for index, (access, position) in sorted(spec.outputs.items()):
+            top.setdefault(position, []).append(by_index.get(index, "_"))
+        parts = []
+        for position in sorted(top):
+            names = top[position]
+            if len(names) == 1:
+                parts.append(names[0])
+            else:
+                parts.append("_" if all(n == "_" for n in names) else "(" + ", ".join(names) + ")")
+        return ", ".join(parts)
+
+    def value(self, v) -> Expr:
+        """The expression for value v where it is used."""
+        if v in self.names:
+            return Expr(self.names[v])
+        if v in self.exprs:
+            return self.exprs[v]
+        ph = self.capture.placeholders.get(v)
+        if ph is not None:
+            return self._placeholder(v, ph)
+        if cap.is_sym(v):
+            return self.sym(v)
+        u = self.producer.get(v)
+        if u is None:
+            raise RuntimeError(f"value {v.name} is not available in {self.frame.name or 'the top module'}")
+        if u.kind == "call":
+            return self._call_expr(u)
+        if cap._target_name(v) in ("<built-in function getitem>", "getitem"):
+            parent = v.args[0]
+            if parent not in self.multi and parent not in self.exprs and parent not in self.names:
+                rendered = self.value(parent)
+                if isinstance(rendered, Outputs):
+                    self.multi[parent] = rendered
+                    self.exprs.pop(parent, None)
+            if parent in self.multi:
+                part = self.multi[parent][v.args[1]]
+                if part is None:
+                    raise Unsupported("an output of this op")
+                return part
+            if parent in self.exprs:
+                return Expr(f"{self.exprs[parent].at(ATOM)}[{v.args[1]}]")
+        expr = self._op_expr(v)
+        self.exprs[v] = expr
+        return expr
+
+    def _placeholder(self, v, ph) -> Expr:
+        if ph.kind == "input":
+            return Expr(self.names.get(v, f"input{ph.index}"))
+        return Expr(f"{self.plan.attr_of_placeholder(self.path, self.plan.placeholder_name_from(self.capture, v, self.path))}[...]")
+
+    def _call_expr(self, u) -> Expr:
+        inputs, _ = self.plan.io(u.frame)
+        args = []
+        saved, self.current_unit = self.current_unit, u
+        for v in inputs:
+            args.append(self.sym_expr(v).text if isinstance(v, str) else
+                        self.value_as(v, self.plan.call_wanted(self.capture, u.frame, v)).text)
+        self.current_unit = saved
+        attr = self.plan.attr_expr(self.path, u.frame.path)
+        return Expr(f"{attr}({', '.join(args)})")
+
+    def _op_expr(self, node) -> Expr:
+        saved = (self.current_op, self.sym_cache, self.current_unit)
+        self.current_op, self.sym_cache = node, {}
+        self.current_unit = self.producer.get(node, self.current_unit)
+        try:
+            self._prepare_symbols(node)
+            return self._op_expr_inner(node)
+        finally:
+            self.current_op, self.sym_cache, self.current_unit = saved
+
+    def _prepare_symbols(self, node):
+        """Resolve the sizes this op needs before its arguments are rendered (a resolution may
+        need an argument to be a named statement of its own)."""
+        import torch
+
+        symbols = []
+
+        def collect(v):
+            if isinstance(v, (list, tuple)):
+                for e in v:
+                    collect(e)
+            elif hasattr(v, "op") and cap.is_sym(v):
+                symbols.extend(v.meta["val"].node.expr.free_symbols)
+            elif isinstance(v, torch.SymInt):
+                symbols.extend(v.node.expr.free_symbols)
+
+        collect(list(node.args) + list(node.kwargs.values()))
+        if str(node.target) in SHAPE_OPS:
+            collect(list(getattr(node.meta.get("val"), "shape", ())))
+            for a in node.all_input_nodes:
+                collect(list(getattr(a.meta.get("val"), "shape", ()) or ()))
+        for sym in dict.fromkeys(symbols):
+            self.sym_cache[str(sym)] = self._resolve_symbol(sym)
+
+    def _op_expr_inner(self, node) -> Expr:
+        handler = oplib.lookup(node)
+        if handler is None:
+            self.plan.unsupported(node, self.frame, None)
+            return Expr(f"unsupported_{_safe_name(cap._target_name(node))}()")
+        ctx = OpContext(self, node)
+        try:
+            out = handler(ctx, node)
+        except Unsupported as e:
+            self.plan.unsupported(node, self.frame, str(e))
+            return Expr(f"unsupported_{_safe_name(cap._target_name(node))}()")
+        return out
+
+    def _return(self, outputs) -> str:
+        if self.frame.parent is None and self.plan.root_structure is not None:
+            return "return " + self.plan.root_structure(self.capture, lambda v: self.value_as(v, "torch").text)
+        if not outputs:
+            return "return None"
+        texts = [self.value(v).text for v in outputs]
+        return "return " + ", ".join(texts)
+
+    # ------------------------------------------------------------------ sizes
+    def sym(self, node) -> Expr:
+        return self.sym_expr(node.meta["val"])
+
+    def sym_expr(self, value) -> Expr:
+        """A SymInt (or sympy expression, or a symbol name) rendered from the shapes in scope."""
+        import sympy
+
+        if isinstance(value, str):
+            expr = sympy.Symbol(value)
+        elif hasattr(value, "node"):
+            expr = value.node.expr
+        else:
+            expr = value
+        if isinstance(expr, (int, sympy.Integer)):
+            return Expr(str(int(expr)))
+        return _print(expr, lambda sym: self.sym_cache.get(str(sym)) or self._resolve_symbol(sym))
+
+    def _resolve_symbol(self, symbol) -> str:
+        """`v.shape[d]` for a named array in scope whose dim d is this size symbol: the current
+        op's own arguments first, then the most recently computed arrays, then the inputs. An
+        argument not yet named is given a name (a statement of its own) to be read from."""
+        name = str(symbol)
+        planned = self.sym_source.get((self.current_unit.index, name)) if self.current_unit is not None else None
+        if planned is not None and planned in self.names and self.holder.get(self.names[planned]) is planned:
+            return f"{self.names[planned]}.shape[{self._dim_of(planned, name)}]"
+        op = self.current_op
+        first, todo = [], [a for a in (op.all_input_nodes if op is not None else []) if not cap.is_sym(a)]
+        while todo:  # the op's arguments, and the arrays inside the ones written inline
+            a = todo.pop(0)
+            if a in first:
+                continue
+            first.append(a)
+            if a in self.inline and a in self.producer and a not in self.names:
+                todo += [b for b in self._used_by(self.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
+        recent = [v for v in reversed(list(self.holder.values()))]
+        for v in first + recent:
+            if v in self.names and self.holder.get(self.names[v]) is v:
+                found = self._dim_of(v, name)
+                if found is not None:
+                    return f"{self.names[v]}.shape[{found}]"
+        for v in first:
+            if v in self.producer and v not in self.names and self._dim_of(v, name) is not None and \
+                    not isinstance(v.meta.get("val"), (list, tuple)):
+                expr = self.value(v)
+                self._claim(v, self._fallback_name(self.producer[v], v), self.producer[v].index)
+                self.live[self.names[v]] = math.inf
+                self.lines.append(f"{self.names[v]} = {expr.text}")
+                self.exprs.pop(v, None)
+                self._bind(v)
+                return f"{self.names[v]}.shape[{self._dim_of(v, name)}]"
+        return self.plan.need_symbol(self.frame, name)
+
+    def _dim_of(self, v, name):
+        """The axis of v's array holding size symbol `name` (its layout considered)."""
+        from flaxport.translate import layout as lay
+
+        val = v.meta.get("val") if hasattr(v, "meta") else None
+        for d, s in enumerate(getattr(val, "shape", ()) or ()):
+            if hasattr(s, "node") and str(s.node.expr) == name:
+                return lay.to_layout_dim(d) if self.plan.layout_of(self.capture, v) == lay.LAST else d
+        return None
+
+
+    # ------------------------------------------------------------------ literals
+    def slot(self, value, hint) -> Expr:
+        if isinstance(value, bool):
+            return Expr(repr(value))
+        self.slots.append((value, hint))
+        text = f"\x00{len(self.slots) - 1}\x00"
+        negative = isinstance(value, (int, float)) and (value < 0 or (isinstance(value, float) and
+                                                                       math.copysign(1, value) < 0))
+        return Expr(text, oplib.UNARY if negative else ATOM)
+
+
+RESERVED = {"self", "jnp", "jax", "nnx", "lax", "np", "math", "None", "True", "False", "lambda", "return", "def",
+            "class", "in", "is", "not", "and", "or", "if", "else", "for", "while", "import", "from", "as", "with",
+            "global", "pass", "yield", "del", "try", "except", "finally", "raise", "assert", "break", "continue",
+            "input", "type", "len", "max", "min", "sum", "abs", "int", "float", "bool", "list", "tuple", "dict",
+            "range", "print", "id", "hash", "iter", "next", "map", "filter", "zip", "round", "pow", "all", "any"}
+RESERVED |= {n for n in dir(__import__("builtins")) if not n.startswith("_")}
+RESERVED |= {"conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool",
+             "interpolate_nearest", "interpolate_linear", "layer_norm", "group_norm", "scaled_dot_product_attention",
+             "pixel_shuffle", "nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+             "read_safetensors", "load", "json", "os", "Buffer", "TorchModule"}
+
+
+def _safe_name(name: str) -> str:
+    import re
+
+    name = re.sub(r"\W", "_", name).strip("_") or "h"
+    return name if not name[0].isdigit() else "h" + name
+
+
+def _print(expr, resolve) -> Expr:
+    """A sympy size expression as Python (floor division, products, sums of shape entries)."""
+    import sympy
+
+    def go(e):
+        if isinstance(e, sympy.Symbol):
+            return Expr(resolve(e))
+        if isinstance(e, sympy.Integer) or e.is_Integer:
+            v = int(e)
+            return Expr(str(v), ATOM if v >= 0 else oplib.UNARY)
+        if isinstance(e, sympy.Add):
+            terms = sorted(e.args, key=lambda t: (t.is_number, str(t)))
+            text = go(terms[0]).at(oplib.ADD)
+            for t in terms[1:]:
+                if t.is_number and t < 0:
+                    text += f" - {go(-t).at(oplib.ADD + 1)}"
+                else:
+                    text += f" + {go(t).at(oplib.ADD + 1)}"
+            return Expr(text, oplib.ADD)
+        if isinstance(e, sympy.Mul):
+            factors = sorted(e.args, key=lambda t: (not t.is_number, str(t)))
+            if factors[0] == -1:
+                rest = sympy.Mul(*factors[1:])
+                return Expr(f"-{go(rest).at(oplib.UNARY)}", oplib.UNARY)
+            parts = [go(f).at(oplib.MUL) for f in factors[1:]] if factors[0].is_number and False else \
+                [go(f).at(oplib.MUL + 1) for f in factors]
+            return Expr(" * ".join(parts), oplib.MUL)
+        name = type(e).__name__
+        if name in ("FloorDiv",):
+            a, b = e.args
+            return Expr(f"{go(a).at(oplib.MUL)} // {go(b).at(oplib.MUL + 1)}", oplib.MUL)
+        if name in ("CeilDiv",):
+            a, b = e.args
+            return Expr(f"-(-{go(a).at(oplib.UNARY)} // {go(b).at(oplib.MUL + 1)})", oplib.UNARY)
+        if name in ("Mod", "PythonMod"):
+            a, b = e.args
+            return Expr(f"{go(a).at(oplib.MUL)} % {go(b).at(oplib.MUL + 1)}", oplib.MUL)
+        if name in ("Max", "Min"):
+            return Expr(f"{name.lower()}({', '.join(go(a).text for a in e.args)})")
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            return Expr(f"{go(e.base).at(oplib.POWER + 1)} ** {int(e.exp)}", oplib.POWER)
+        if name in ("TruncToInt", "FloorToInt", "floor", "IntTrueDiv"):
+            return Expr(f"int({go(e.args[0]).text})")
+        raise Unsupported(f"a size expression {e}")
+
+    return go(expr)
+
+

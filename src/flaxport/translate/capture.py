@@ -1,0 +1,514 @@
+"""Capture a torch module's forward with torch.export and cut it into module calls.
+
+`capture(module, args, kwargs, train=...)` exports a copy of the module (non-strict, the
+training IR: high-level ATen ops such as conv2d, batch_norm, lstm), with every input
+dimension marked `Dim.AUTO` so sizes that may vary (batch, sequence, image side) stay
+symbols and the translation reads them from `x.shape`; where export specialises a
+dimension (or refuses dynamic shapes) it is a literal. Then:
+
+- in-place ops are made functional: `relu_` and `out += identity` become plain ops, a
+  write into a slice (`y[:, 0] = 1`) becomes select_scatter / slice_scatter back into the
+  base, and a write into a buffer (`num_batches_tracked.add_(1)`) is recorded as a
+  buffer update;
+- each node is assigned to the module call it ran in (`nn_module_stack`), giving a tree
+  of `Frame`s: one per call of a submodule, in execution order, with the nodes and child
+  calls inside it. A module called twice has two frames (`relu`, `relu@1`).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import inspect
+import io
+import operator
+import re
+import warnings
+
+from flaxport.translate.errors import ExportError, TranslateError
+
+INT64_MAX = 9223372036854775807
+
+# Ops that only check or copy: dropped (their input stands for their output).
+PASS_THROUGH = {"aten.contiguous.default", "aten.clone.default", "aten.lift_fresh_copy.default",
+                "aten.alias.default", "aten.detach_.default", "aten._assert_tensor_metadata.default"}
+ASSERTS = {"aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default",
+           "aten._assert_tensor_metadata.default", "aten.sym_constrain_range.default",
+           "aten._assert_async.msg", "aten._assert_async.default"}
+# View ops whose in-place writes can be scattered back into the base.
+SCATTERABLE_VIEWS = {"aten.slice.Tensor", "aten.select.int"}
+VIEW_OPS = SCATTERABLE_VIEWS | {"aten.view.default", "aten.reshape.default", "aten.transpose.int",
+                                "aten.permute.default", "aten.unsqueeze.default", "aten.squeeze.dim",
+                                "aten.squeeze.dims", "aten.squeeze.default", "aten.expand.default", "aten.t.default",
+                                "aten.unflatten.int", "aten.flatten.using_ints", "aten.narrow.default",
+                                "aten.diagonal.default", "aten.as_strided.default", "aten.unbind.int",
+                                "aten.split.Tensor", "aten.chunk.default", "aten.split_with_sizes.default",
+                                "aten.view_as.default", "aten.expand_as.default"}
+
+
+@dataclasses.dataclass
+class Frame:
+    """One call of a module: the nodes that ran directly in it and the calls it made, in order."""
+
+    key: str  # nn_module_stack key: unique per call ('L__self__layer1.0', '...relu@1')
+    path: str  # module path, '' for the top module
+    module: object  # the torch module (of the captured copy)
+    parent: "Frame | None"
+    call_index: int = 0  # this module's k-th call
+    items: list = dataclasses.field(default_factory=list)  # fx nodes and child Frames, execution order
+
+    @property
+    def children(self):
+        return [i for i in self.items if isinstance(i, Frame)]
+
+    def all_nodes(self):
+        """Nodes in this call and every call inside it, in execution order."""
+        for item in self.items:
+            if isinstance(item, Frame):
+                yield from item.all_nodes()
+            else:
+                yield item
+
+    def walk(self):
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    @property
+    def name(self) -> str:
+        """'layer1.0.conv1', '' for the top module; '@k' for repeated calls."""
+        return self.path + (f"@{self.call_index}" if self.call_index else "")
+
+
+@dataclasses.dataclass
+class Placeholder:
+    kind: str  # 'param', 'buffer', 'constant', 'input'
+    target: str | None  # torch name: 'layer1.0.conv1.weight' (params, buffers), 'lifted_tensor_0', or None
+    persistent: bool = True
+    value: object = None  # the tensor (constants) or None
+    index: int = 0  # user inputs: position among the user inputs
+
+
+@dataclasses.dataclass
+class Capture:
+    """An exported forward, functional, cut into frames."""
+
+    mode: str  # 'eval' or 'train'
+    program: object  # torch.export.ExportedProgram
+    graph: object  # its fx graph (rewritten in place: functional)
+    root: Frame
+    placeholders: dict  # fx node -> Placeholder
+    user_inputs: list  # fx placeholder nodes of the tensor inputs, in order
+    input_names: list  # the generated __call__'s parameters: forward arguments holding tensors
+    input_access: list  # per user input, how to read it from those parameters ('x', 'batch[0]')
+    outputs: list  # flat outputs: fx node, or a python constant
+    out_spec: object  # torch.utils._pytree.TreeSpec of the forward's output
+    buffer_updates: dict  # buffer target -> fx node holding its new value
+    dynamic: bool  # exported with symbolic sizes
+    module: object  # the module copy that was exported
+
+    def node_frames(self) -> dict:
+        """fx node -> the Frame it ran in."""
+        out = {}
+        for frame in self.root.walk():
+            for item in frame.items:
+                if not isinstance(item, Frame):
+                    out[item] = frame
+        return out
+
+
+# --------------------------------------------------------------------------- export
+@contextlib.contextmanager
+def _quiet():
+    """torch.export prints graphs and logs warnings (0/1 specialisation, guards) while it
+    tries: the user gets translate's own one-line messages instead."""
+    import logging
+
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def export_program(module, args, kwargs, *, dynamic: bool = True):
+    """(ExportedProgram, dynamic?) of module(*args, **kwargs); symbolic sizes where export allows."""
+    with _quiet():
+        return _export_program(module, args, kwargs, dynamic=dynamic)
+
+
+def _export_program(module, args, kwargs, *, dynamic: bool = True):
+    import torch
+    from torch.export import Dim, export
+
+    if dynamic:
+        shapes = _dynamic_shapes(module, args, kwargs, Dim.AUTO)
+        if shapes is not None:
+            try:
+                return export(module, tuple(args), dict(kwargs), dynamic_shapes=shapes, strict=False), True
+            except Exception:  # noqa: BLE001 - some models only export with static shapes: try that next
+                pass
+    try:
+        return export(module, tuple(args), dict(kwargs), strict=False), False
+    except Exception as e:  # noqa: BLE001
+        raise ExportError(describe_export_error(e)) from e
+    finally:
+        torch._dynamo.reset()
+
+
+def _dynamic_shapes(module, args, kwargs, auto):
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    shapes = {}
+    for name, value in bound.arguments.items():
+        kind = inspect.signature(module.forward).parameters[name].kind
+        if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            return None
+        shapes[name] = {i: auto for i in range(value.ndim)} if hasattr(value, "ndim") else None
+    return shapes
+
+
+def describe_export_error(e) -> str:
+    """One line: what torch.export refused, where, and what to change."""
+    text = str(e)
+    where = _user_frame(text)
+    if "data-dependent" in text or "GuardOnDataDependent" in type(e).__name__:
+        return (f"{where}: forward branches on a tensor's value, which torch.export cannot capture; "
+                "use torch.where or torch.cond, or decide the branch outside forward")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
+    return (f"torch.export could not capture the forward{' at ' + where if where else ''}: "
+            f"{type(e).__name__}: {first[:200]} (rewrite that line with torch ops, or rerun with --debug)")
+
+
+def _user_frame(text: str) -> str:
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.*)', text)
+    frames = [f for f in frames if "/torch/" not in f[0]] or frames
+    if not frames:
+        return ""
+    file, line, code = frames[-1]
+    return f"{file}:{line} `{code.strip()}`"
+
+
+# --------------------------------------------------------------------------- capture
+def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool = True) -> Capture:
+    """Export a deep copy of `module` in train or eval mode (cast to `dtype` with its float
+    inputs when given) and return the functional, framed Capture. The module is untouched."""
+    import torch
+
+    kwargs = dict(kwargs or {})
+    m = copy.deepcopy(module).train(train)
+    if train:
+        for sub in m.modules():
+            # BatchNorm(momentum=None) reads float(num_batches_tracked) in train mode, which export
+            # cannot capture; its layer class takes momentum from the torch module, not the graph
+            if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.momentum is None:
+                sub.momentum = 0.1
+    if dtype is not None:
+        m = m.to(dtype)
+        args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+        kwargs = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kwargs.items()}
+    with torch.no_grad():
+        program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic)
+    graph = program.graph
+    placeholders, user_inputs = _placeholders(program)
+    names, access = input_paths(m, args, kwargs, len(user_inputs))
+    buffer_updates = functionalize(graph, placeholders)
+    _drop_pass_through(graph)
+    _eliminate_dead_code(graph, set(buffer_updates.values()))
+    output = next(n for n in graph.nodes if n.op == "output")
+    outputs = list(output.args[0])
+    root = build_frames(graph, m)
+    return Capture("train" if train else "eval", program, graph, root, placeholders, user_inputs, names, access, outputs,
+                   program.call_spec.out_spec, buffer_updates, is_dynamic, m)
+
+
+def _placeholders(program):
+    sig = program.graph_signature
+    by_name = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    out, inputs = {}, []
+    for spec in sig.input_specs:
+        node = by_name[spec.arg.name]
+        kind = spec.kind.name
+        if kind == "PARAMETER":
+            out[node] = Placeholder("param", spec.target)
+        elif kind == "BUFFER":
+            out[node] = Placeholder("buffer", spec.target, bool(spec.persistent))
+        elif kind in ("CONSTANT_TENSOR",):
+            out[node] = Placeholder("constant", spec.target, False, program.constants[spec.target])
+        elif kind == "USER_INPUT":
+            val = node.meta.get("val")
+            if not hasattr(val, "shape"):  # a Python value (use_cache=False): fixed at its example value
+                if node.users:
+                    raise TranslateError(f"input {node.name!r} is a {type(val).__name__} the forward computes with; "
+                                         "pass tensors, or fix it inside a wrapper module")
+                out[node] = Placeholder("literal", None, value=val)
+                continue
+            out[node] = Placeholder("input", None, index=len(inputs))
+            inputs.append(node)
+        else:
+            raise TranslateError(f"torch.export gave an input of kind {kind} ({spec.arg.name}); "
+                                 "custom objects and tokens cannot be translated")
+    return out, inputs
+
+
+def signature_arguments(module, args, kwargs):
+    """[(name, value)] of the forward's arguments in signature order (keywords after the
+    positional ones, in the order forward declares them, as torch.export reads them)."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    out = [(positional[i].name if i < len(positional) else f"input{i}", a) for i, a in enumerate(args)]
+    order = [p.name for p in params]
+    out += sorted(kwargs.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+    return out
+
+
+def input_paths(module, args, kwargs, count):
+    """(the generated __call__'s parameter names, how each tensor input is read from them).
+
+    Tensors nested in an argument (a tuple, a dict, a HF ModelOutput) are read by indexing:
+    `outputs[0]`, `batch['pixels']`."""
+    import torch
+    from torch.utils import _pytree
+
+    names, access = [], []
+    for name, value in signature_arguments(module, args, kwargs):
+        if hasattr(value, "to_tuple"):  # a HF ModelOutput arrives as the tuple the translation returns
+            value = value.to_tuple()
+        leaves = _pytree.tree_flatten_with_path(value)[0]
+        tensors = [(path, leaf) for path, leaf in leaves if torch.is_tensor(leaf)]
+        if not tensors:
+            continue
+        ident = _identifier(name)
+        names.append(ident)
+        for path, _ in tensors:
+            access.append(ident + "".join(_key_text(k) for k in path))
+    if len(access) != count:
+        return [f"input{i}" for i in range(count)], [f"input{i}" for i in range(count)]
+    return names, access
+
+
+def _key_text(key) -> str:
+    from torch.utils import _pytree
+
+    if isinstance(key, _pytree.SequenceKey):
+        return f"[{key.idx}]"
+    if isinstance(key, _pytree.MappingKey):
+        return f"[{key.key!r}]"
+    if isinstance(key, _pytree.GetAttrKey):
+        return f".{key.name}"
+    return str(key)
+
+
+def _identifier(name: str) -> str:
+    name = re.sub(r"\W", "_", name)
+    return name if name and not name[0].isdigit() else "x_" + name
+
+
+# --------------------------------------------------------------------------- functional rewrite
+def _target_name(node) -> str:
+    return str(node.target) if node.op == "call_function" else node.op
+
+
+def _is_inplace(node) -> bool:
+    if node.op != "call_function" or not hasattr(node.target, "_schema"):
+        return False
+    schema = node.target._schema
+    return bool(schema.arguments) and schema.arguments[0].alias_info is not None and \
+        schema.arguments[0].alias_info.is_write and not schema.name.endswith("_out")
+
+
+def _functional_op(node):
+    """The out-of-place ATen overload of an in-place node (add_.Tensor -> add.Tensor)."""
+    import torch
+
+    schema = node.target._schema
+    base = schema.name.split("::")[1]
+    name = base[:-1] if base.endswith("_") else base
+    packet = getattr(torch.ops.aten, name, None)
+    overload = node.target._overloadname
+    if packet is None or overload not in packet.overloads():
+        return None
+    return getattr(packet, overload)
+
+
+def functionalize(graph, placeholders) -> dict:
+    """Rewrite in-place ops as functional ones (see module docstring); -> {buffer target: new node}."""
+    import torch
+
+    base_of = {}  # view node -> (its input, op) for views of other values
+    replaced = {}  # mutated value -> the node that now holds its value
+    buffer_updates = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if replaced:
+            node.args = _substitute(node.args, replaced)
+            node.kwargs = _substitute(node.kwargs, replaced)
+        name = _target_name(node)
+        if name in VIEW_OPS or name == "getitem" and _target_name(node.args[0]) in VIEW_OPS:
+            base_of[node] = node.args[0]
+        if not _is_inplace(node):
+            continue
+        target = node.args[0]
+        func = _functional_op(node)
+        if func is None:
+            continue  # reported as an unsupported op later (with its name)
+        with graph.inserting_after(node):
+            new = graph.call_function(func, node.args, node.kwargs)
+        new.meta = dict(node.meta)
+        new.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        # Scatter back through a chain of slice/select views into the first non-view value.
+        value, view = new, target
+        while view in base_of and _target_name(view) in SCATTERABLE_VIEWS:
+            base = base_of[view]
+            with graph.inserting_after(value):
+                if _target_name(view) == "aten.select.int":
+                    scattered = graph.call_function(torch.ops.aten.select_scatter.default,
+                                                    (base, value) + tuple(view.args[1:]))
+                else:
+                    scattered = graph.call_function(torch.ops.aten.slice_scatter.default,
+                                                    (base, value) + tuple(view.args[1:]))
+            scattered.meta = dict(new.meta)
+            scattered.meta["val"] = base.meta.get("val")
+            replaced[view] = value
+            value, view = scattered, base
+        if view in base_of and _later_uses(view, value, graph):
+            raise TranslateError(
+                f"an in-place write through a `{_target_name(view).split('.')[1]}` view ({_source(new)}) changes "
+                "a tensor read later; write the result to a new tensor instead (torch.where, torch.cat, .clone())")
+        replaced[view] = value
+        if view in placeholders and placeholders[view].kind == "buffer":
+            buffer_updates[placeholders[view].target] = value
+    return buffer_updates
+
+
+def _later_uses(view, after, graph) -> bool:
+    seen = False
+    for node in graph.nodes:
+        if node is after:
+            seen = True
+        elif seen and view in node.all_input_nodes:
+            return True
+    return False
+
+
+def _substitute(args, replaced):
+    import torch.fx
+
+    return torch.fx.node.map_arg(args, lambda n: _resolve(n, replaced))
+
+
+def _resolve(node, replaced):
+    while node in replaced:
+        node = replaced[node]
+    return node
+
+
+def _drop_pass_through(graph):
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        name = _target_name(node)
+        if name in ASSERTS and not node.users:
+            graph.erase_node(node)
+        elif name in PASS_THROUGH and node.args and hasattr(node.args[0], "op"):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+        elif name == "aten._to_copy.default" or name.startswith("aten.to."):
+            if _same_dtype_and_layout(node):
+                node.replace_all_uses_with(node.args[0])
+                graph.erase_node(node)
+    for node in list(graph.nodes):  # sym nodes feeding only dropped asserts
+        if node.op == "call_function" and not node.users and _is_sym(node):
+            graph.erase_node(node)
+
+
+def _eliminate_dead_code(graph, keep: set):
+    """Remove ops nobody reads (export keeps some, e.g. from mask-building helpers); the new
+    values of updated buffers are kept."""
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(list(graph.nodes)):
+            if node.op == "call_function" and not node.users and node not in keep:
+                graph.erase_node(node)
+                changed = True
+
+
+def _same_dtype_and_layout(node) -> bool:
+    src, out = node.args[0].meta.get("val") if hasattr(node.args[0], "meta") else None, node.meta.get("val")
+    return hasattr(src, "dtype") and hasattr(out, "dtype") and src.dtype == out.dtype
+
+
+def _is_sym(node) -> bool:
+    import torch
+
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _source(node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.*)', trace)
+    user = [f for f in frames if "/torch/" not in f[0]] or frames
+    if not user:
+        return ""
+    file, line, code = user[-1]
+    return f"{file}:{line} `{code.strip()}`"
+
+
+source_of = _source
+
+
+# --------------------------------------------------------------------------- frames
+def build_frames(graph, module) -> Frame:
+    """The tree of module calls, from each node's nn_module_stack."""
+    root = Frame("", "", module, None)
+    frames = {"": root}
+    calls: dict = {}
+    modules = dict(module.named_modules())
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        entries = [(k, v[0]) for k, v in stack.items() if v[0] in modules and k]
+        if _is_sym(node) or not entries:
+            if _is_sym(node) or not stack:
+                continue  # sizes: rendered where they are used
+        parent = root
+        for key, path in entries:
+            if path == "":
+                continue  # the top module itself
+            frame = frames.get(key)
+            if frame is None:
+                index = calls.get(path, 0)
+                calls[path] = index + 1
+                frame = Frame(key, path, modules[path], parent, index)
+                frames[key] = frame
+                parent.items.append(frame)
+            parent = frame
+        parent.items.append(node)
+    return root
+
+
+def sym_nodes(graph):
+    return [n for n in graph.nodes if n.op == "call_function" and _is_sym(n)]
+
+
+def is_sym(node) -> bool:
+    return hasattr(node, "meta") and _is_sym(node)
+
+
+OPERATORS = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//",
+             operator.mod: "%", operator.truediv: "/", operator.neg: "-", operator.pow: "**"}

@@ -1,0 +1,431 @@
+"""Render every generated module call, merge train and eval, and group instances into classes.
+
+See plan.py for the rules; this module does the work in dependency order: bodies of all
+calls first (they do not depend on classes), then constructors bottom-up (a parent's
+`__init__` names its children's classes and their arguments).
+"""
+from __future__ import annotations
+
+import difflib
+import keyword
+import math
+import re
+
+from flaxport.translate.body import BodyRenderer, _safe_name
+from flaxport.translate.plan import ClassDef, Instance, Line, ModeValue
+
+_MARK = re.compile("\x00(\\d+)\x00")
+RUNTIME_NAMES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+                 "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "Embedding", "LSTM", "GRU",
+                 "Buffer", "TorchModule", "Model"}
+NEEDS_RNGS = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+              "Embedding", "LSTM", "GRU", "nnx.Dropout"}
+
+
+def _postorder(frame):
+    for child in frame.children:
+        yield from _postorder(child)
+    yield frame
+
+
+def _lines(body) -> list:
+    """Body lines -> [Line] with slot markers numbered per line."""
+    out = []
+    for text in body.lines:
+        slots = []
+
+        def renumber(m):
+            slots.append(body.slots[int(m.group(1))])
+            return f"\x00{len(slots) - 1}\x00"
+
+        out.append(Line(_MARK.sub(renumber, text), tuple(slots)))
+    return out
+
+
+def render_bodies(plan):
+    """Render every call of every generated (or Sequential-element) module, children first."""
+    for mode, capture in plan.captures.items():
+        for frame in _postorder(capture.root):
+            kind = plan._kinds.get(frame.path, "generated")
+            if kind not in ("generated", "element"):
+                continue
+            body = BodyRenderer(plan, capture, frame, frame.path).render()
+            plan.bodies[(mode, frame.key)] = body
+            plan.helpers |= body.helpers
+            plan.imports |= body.imports
+
+
+def _mode_bodies(plan, path):
+    """{mode: [Line]} of the module's first call in each mode, checking repeated calls agree."""
+    out = {}
+    params = None
+    training = False
+    for mode, frame in plan.frames_by_path.get(path, []):
+        body = plan.bodies.get((mode, frame.key))
+        if body is None:
+            continue
+        lines = _lines(body)
+        training |= body.needs_training
+        if mode in out:
+            if [line.text for line in lines] != [line.text for line in out[mode]]:
+                plan.problems.append((f"{type(plan.modules[path]).__name__} called twice with different code",
+                                      path, ""))
+            continue
+        out[mode] = lines
+        params = params or body.params
+    return out, params or [], training
+
+
+def merge_modes(bodies: dict):
+    """One list of Lines from the eval and train renderings (see plan.py). -> (lines, uses self.training)"""
+    modes = list(bodies)
+    if len(modes) == 1:
+        return bodies[modes[0]], False
+    ev, tr = bodies.get("eval"), bodies.get("train")
+    matcher = difflib.SequenceMatcher(a=[line.text for line in ev], b=[line.text for line in tr], autojunk=False)
+    out, training = [], False
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            for a, b in zip(ev[i1:i2], tr[j1:j2]):
+                if a.slots == b.slots:
+                    out.append(a)
+                else:
+                    slots = tuple(sa if sa == sb else (ModeValue(sa[0], sb[0]), sa[1]) for sa, sb in zip(a.slots, b.slots))
+                    training |= any(isinstance(s[0], ModeValue) for s in slots)
+                    out.append(Line(a.text, slots))
+            continue
+        training = True
+        t_block, e_block = tr[j1:j2], ev[i1:i2]
+        if t_block:
+            out.append(Line("if self.training:", ()))
+            out += [Line("    " + line.text, line.slots) for line in t_block]
+            if e_block:
+                out.append(Line("else:", ()))
+                out += [Line("    " + line.text, line.slots) for line in e_block]
+        else:
+            out.append(Line("if not self.training:", ()))
+            out += [Line("    " + line.text, line.slots) for line in e_block]
+    return out, training
+
+
+# --------------------------------------------------------------------------- constructors
+def _slot_line(text_parts) -> Line:
+    """Line from a list of str / (value, hint) parts."""
+    text, slots = "", []
+    for part in text_parts:
+        if isinstance(part, str):
+            text += part
+        else:
+            text += f"\x00{len(slots)}\x00"
+            slots.append(part)
+    return Line(text, tuple(slots))
+
+
+def layer_constructor(plan, path) -> list:
+    """Parts of the runtime layer's constructor call for the torch module at path."""
+    from flaxport.translate import layers as layer_table
+
+    spec = plan._specs[path]
+    module = plan.modules[path]
+    parts = [spec.runtime + "("]
+    first = True
+    for name, value, default in spec.args(module):
+        if default != layer_table.POSITIONAL and value == default:
+            continue
+        if not first:
+            parts.append(", ")
+        first = False
+        if default == layer_table.POSITIONAL:
+            parts.append((value, name))
+        else:
+            parts += [f"{name}=", (value, name)]
+    if plan.layer_channels_last(path):
+        parts.append(", channels_last=True")
+    if spec.runtime == "nnx.Dropout":
+        broadcast = layer_table.dropout_broadcast(module)
+        if broadcast:
+            parts.append(f", broadcast_dims={broadcast!r}")
+    if spec.runtime in NEEDS_RNGS:
+        parts.append(", rngs=rngs" if not first else "rngs=rngs")
+    parts.append(")")
+    return parts
+
+
+def child_constructor(plan, path):
+    """Parts of the constructor expression of the module at path (None: no attribute)."""
+    kind = plan._kinds.get(path)
+    if kind == "layer":
+        return layer_constructor(plan, path)
+    if kind == "generated":
+        inst = plan.instances.get(path)
+        if inst is None or inst.cls is None:
+            return None
+        parts = [inst.cls.name + "("]
+        for value, name in zip(inst.args, inst.cls.params):
+            parts += [(value, name), ", "]
+        parts.append("rngs=rngs)")
+        return parts
+    if kind == "element":
+        return [plan.lambdas.get(path, "lambda x: x")]
+    if kind in ("sequential", "container"):
+        from torch import nn
+
+        module = plan.modules[path]
+        items = []
+        for name, _ in module.named_children():
+            child = f"{path}.{name}" if path else name
+            ctor = child_constructor(plan, child)
+            if ctor is None:
+                if kind == "sequential":
+                    return None
+                continue
+            items.append((name, ctor))
+        if not items and kind == "container":
+            return None
+        if kind == "sequential":
+            parts = ["nnx.Sequential("]
+            for i, (_, ctor) in enumerate(items):
+                parts += ([", "] if i else []) + list(ctor)
+            return parts + [")"]
+        if isinstance(module, nn.ModuleDict):
+            parts = ["nnx.Dict({"]
+            for i, (name, ctor) in enumerate(items):
+                parts += ([", "] if i else []) + [f"{name!r}: "] + list(ctor)
+            return parts + ["})"]
+        parts = ["nnx.List(["]
+        for i, (_, ctor) in enumerate(items):
+            parts += ([", "] if i else []) + list(ctor)
+        return parts + ["])"]
+    return None
+
+
+def _ready(plan, path) -> bool:
+    """Are the classes of every generated module below path decided?"""
+    module = plan.modules[path]
+    for name, _ in module.named_children():
+        child = f"{path}.{name}" if path else name
+        kind = plan._kinds.get(child)
+        if kind == "generated" and child in plan.instances and plan.instances[child].cls is None:
+            return False
+        if kind in ("sequential", "container") and not _ready(plan, child):
+            return False
+    return True
+
+
+def init_lines(plan, path, synth: dict) -> list:
+    import torch
+
+    module = plan.modules[path]
+    lines = []
+    for name, _ in module.named_children():
+        child = f"{path}.{name}" if path else name
+        if plan._kinds.get(child) in ("inline", "unused") or not (plan.used(child) or plan._kinds.get(child) == "layer"):
+            continue
+        ctor = child_constructor(plan, child)
+        if ctor is not None:
+            lines.append(_slot_line([f"self.{plan.attr_name(name)} = "] + list(ctor)))
+    for name, p in module.named_parameters(recurse=False):
+        lines.append(_slot_line([f"self.{plan.attr_name(name)} = nnx.Param(jnp.zeros("] + _shape_parts(p, name)
+                                + [_dtype_suffix(p) + "))"]))
+    for name, b in module.named_buffers(recurse=False):
+        if b is None:
+            continue
+        lines.append(_slot_line([f"self.{plan.attr_name(name)} = Buffer(jnp.zeros("] + _shape_parts(b, name)
+                                + [_dtype_suffix(b) + "))"]))
+    capture = next(iter(plan.captures.values()))
+    for full, value in plan.constants(capture).items():
+        owner, _, attr = full.rpartition(".")
+        if owner == path and torch.is_tensor(value) and value.numel() > 1:
+            lines.append(_slot_line([f"self.{attr} = Buffer(jnp.zeros("] + _shape_parts(value, attr)
+                                    + [_dtype_suffix(value) + "))"]))
+    for attr, ctor in synth.items():
+        lines.append(Line(f"self.{attr} = {ctor.text if hasattr(ctor, 'text') else ctor}", ()))
+    return lines
+
+
+def _shape_parts(t, name):
+    shape = tuple(t.shape)
+    parts = ["("]
+    for i, s in enumerate(shape):
+        parts += ([", "] if i else []) + [(int(s), f"{name}_size")]
+    return parts + ([",)"] if len(shape) == 1 else [")"])
+
+
+def _dtype_suffix(t) -> str:
+    from flaxport.translate.context import JNP_DTYPES
+
+    name = str(t.dtype).split(".")[-1]
+    # floats: the default (float32); the loaded value brings its own dtype (a float64 constant stays one
+    # under jax x64), and asking for float64 without x64 only warns
+    return "" if name in ("float32", "float64") else f", {JNP_DTYPES.get(name, 'jnp.' + name)}"
+
+
+# --------------------------------------------------------------------------- classes
+def build_classes(plan):
+    """Instances of every generated module, grouped into ClassDefs (plan.classes, dependencies first)."""
+    render_bodies(plan)
+    _element_functions(plan)
+    pending = []
+    for path, kind in plan._kinds.items():
+        if kind != "generated" or not plan.used(path) and path:
+            continue
+        bodies, params, training = _mode_bodies(plan, path)
+        if not bodies:
+            continue
+        lines, mode_training = merge_modes(bodies)
+        synth = {}
+        for mode, frame in plan.frames_by_path.get(path, []):
+            body = plan.bodies.get((mode, frame.key))
+            if body is not None:
+                synth.update(body.synth)
+        inst = Instance(path, plan.modules[path], [], lines, params, training or mode_training)
+        inst.synth = synth
+        plan.instances[path] = inst
+        pending.append(path)
+    by_class: dict = {}
+    for path in pending:
+        by_class.setdefault(type(plan.modules[path]), []).append(path)
+    done_classes = set()
+    names_taken = set(RUNTIME_NAMES)
+    while len(done_classes) < len(by_class):
+        progress = False
+        for cls, paths in by_class.items():
+            if cls in done_classes or not all(_ready(plan, p) for p in paths):
+                continue
+            for p in paths:
+                plan.instances[p].init = init_lines(plan, p, plan.instances[p].synth)
+            _group(plan, cls, [plan.instances[p] for p in paths], names_taken)
+            done_classes.add(cls)
+            progress = True
+        if not progress:  # mutually nested classes: decide the rest one instance at a time
+            cls = next(c for c in by_class if c not in done_classes)
+            for p in by_class[cls]:
+                plan.instances[p].init = init_lines(plan, p, plan.instances[p].synth)
+            _group(plan, cls, [plan.instances[p] for p in by_class[cls]], names_taken)
+            done_classes.add(cls)
+
+
+def _element_functions(plan):
+    """Functions for the parameter-free modules inside an nn.Sequential: `jax.nn.relu`, `lambda x: ...`."""
+    for path, kind in plan._kinds.items():
+        if kind != "element" or path in plan.lambdas:
+            continue
+        for mode, frame in plan.frames_by_path.get(path, []):
+            body = plan.bodies.get((mode, frame.key))
+            if body is None:
+                continue
+            if len(body.lines) != 1 or not body.lines[0].startswith("return "):
+                plan.problems.append((f"{type(plan.modules[path]).__name__} inside nn.Sequential is not one "
+                                      "expression", path, ""))
+                break
+            expr = _MARK.sub(lambda m: repr(body.slots[int(m.group(1))][0]), body.lines[0][len("return "):])
+            param = body.params[0] if body.params else "x"
+            simple = re.fullmatch(rf"([\w.]+)\({re.escape(param)}\)", expr)
+            plan.lambdas[path] = simple.group(1) if simple else f"lambda {param}: {expr}"
+            break
+
+
+def _group(plan, cls, instances, names_taken):
+    """Split instances of one torch class into variants (same code) and make a ClassDef each."""
+    variants: dict = {}
+    for inst in instances:
+        key = (tuple(line.text for line in inst.init), tuple(line.text for line in inst.call), tuple(inst.params))
+        variants.setdefault(key, []).append(inst)
+    ordered = list(variants.values())
+    base_name = _safe_name(cls.__name__)
+    if keyword.iskeyword(base_name):
+        base_name += "_"
+    first_attrs = _attrs(ordered[0][0])
+    for k, group in enumerate(ordered):
+        name = base_name if k == 0 else _variant_name(base_name, first_attrs, _attrs(group[0]), k)
+        while name in names_taken:
+            name = name + "_"
+        names_taken.add(name)
+        cdef = ClassDef(name, cls, group)
+        cdef.base = "TorchModule" if any(i.needs_training for i in group) else "nnx.Module"
+        _parameters(cdef)
+        plan.classes.append(cdef)
+
+
+def _attrs(inst) -> set:
+    return {line.text.split(" = ", 1)[0][5:] for line in inst.init if line.text.startswith("self.")}
+
+
+def _variant_name(base, first, mine, k) -> str:
+    extra, missing = sorted(mine - first), sorted(first - mine)
+    camel = lambda names: "And".join("".join(p.capitalize() for p in n.split("_")) for n in names)  # noqa: E731
+    if extra and not missing:
+        return f"{base}With{camel(extra)}"
+    if missing and not extra:
+        return f"{base}Without{camel(missing)}"
+    return f"{base}{k + 1}"
+
+
+def _parameters(cdef: ClassDef):
+    """Which slots become constructor parameters (values differ between instances), and their names."""
+    insts = cdef.instances
+    positions = []
+    for part in ("init", "call"):
+        for li, line in enumerate(getattr(insts[0], part)):
+            for si in range(len(line.slots)):
+                positions.append((part, li, si))
+    vectors = {}
+    for pos in positions:
+        part, li, si = pos
+        vectors[pos] = tuple(getattr(i, part)[li].slots[si][0] for i in insts)
+    params, by_vector, names = [], {}, set()
+    attr_vectors = _attribute_vectors(insts)
+    for pos in positions:
+        vec = vectors[pos]
+        if len(insts) == 1 or len(set(map(_hashable, vec))) == 1:
+            cdef.positions[pos] = None
+            continue
+        hv = tuple(map(_hashable, vec))
+        if hv not in by_vector:
+            hints = [getattr(insts[0], p)[l].slots[k][1] or "value" for (p, l, k) in positions
+                     if tuple(map(_hashable, vectors[(p, l, k)])) == hv]
+            ranked = sorted(set(hints), key=lambda h: (-hints.count(h), HINT_ORDER.index(h) if h in HINT_ORDER
+                                                       else len(HINT_ORDER), h))
+            free = [h for h in ranked if _safe_name(h) not in names]
+            name = attr_vectors.get(hv) or _safe_name(free[0] if free else ranked[0])
+            base, k = name, 1
+            while name in names:
+                k += 1
+                name = f"{base}{k}"
+            names.add(name)
+            by_vector[hv] = name
+            params.append((name, vec))
+        cdef.positions[pos] = by_vector[hv]
+    cdef.params = [name for name, _ in params]
+    for i, inst in enumerate(insts):
+        inst.cls = cdef
+        inst.args = tuple(vec[i] for _, vec in params)
+
+
+# Constructor-argument names in order of preference when one value fills several slots.
+HINT_ORDER = ["in_channels", "out_channels", "in_features", "out_features", "embedding_dim", "hidden_size",
+              "input_size", "stride", "kernel_size", "padding", "dilation", "groups", "num_embeddings"]
+
+
+def _attribute_vectors(insts) -> dict:
+    """Numbers the torch instances hold as attributes (self.stride, self.heads): vector -> name."""
+    out = {}
+    names = None
+    for inst in insts:
+        own = {k for k, v in vars(inst.module).items()
+               if not k.startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        names = own if names is None else names & own
+    for name in sorted(names or ()):
+        vec = tuple(_hashable(getattr(i.module, name)) for i in insts)
+        out.setdefault(vec, name)
+    return out
+
+
+def _hashable(v):
+    if isinstance(v, list):
+        return tuple(v)
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return v
+
+

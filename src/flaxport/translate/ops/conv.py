@@ -1,0 +1,144 @@
+"""Convolutions, pooling and resampling on torch's (N, C, *spatial) layout, via the runtime helpers."""
+from __future__ import annotations
+
+from flaxport.translate.ops import Outputs, Unsupported, call, op
+
+
+def _ints(c, name, n, default):
+    v = c.raw(name) if c.has(name) else default
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return tuple(v * n if len(v) == 1 else v)
+
+
+@op("aten.conv1d.default", "aten.conv2d.default", "aten.conv3d.default", "aten.conv1d.padding",
+    "aten.conv2d.padding", "aten.conv3d.padding")
+def conv(c, node):
+    n = c.val("weight").ndim - 2
+    padding = c.raw("padding") if c.has("padding") else 0
+    padding = repr(padding) if isinstance(padding, str) else c.ints(_ints(c, "padding", n, 0), "padding")
+    groups = c.raw("groups") if c.has("groups") else 1
+    return call(c.helper("conv"), c.x("input"), c.x("weight"), c.x("bias") if c.has("bias") else "None",
+                stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=padding,
+                dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1}
+                else None, groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c))
+
+
+def _cl(c):
+    return "True" if c.channels_last else None
+
+
+@op("aten.conv_transpose1d.default", "aten.conv_transpose2d.input", "aten.conv_transpose3d.input")
+def conv_transpose(c, node):
+    n = c.val("weight").ndim - 2
+    groups = c.raw("groups") if c.has("groups") else 1
+    return call(c.helper("conv_transpose"), c.x("input"), c.x("weight"), c.x("bias") if c.has("bias") else "None",
+                stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=c.ints(_ints(c, "padding", n, 0), "padding"),
+                output_padding=c.ints(_ints(c, "output_padding", n, 0), "output_padding")
+                if set(_ints(c, "output_padding", n, 0)) != {0} else None,
+                groups=c.lit(groups, "groups") if groups != 1 else None,
+                dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1}
+                else None, channels_last=_cl(c))
+
+
+@op("aten.convolution.default")
+def convolution(c, node):
+    n = c.val("weight").ndim - 2
+    groups = c.raw("groups")
+    common = dict(stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=c.ints(_ints(c, "padding", n, 0), "padding"),
+                  dilation=c.ints(_ints(c, "dilation", n, 1), "dilation"),
+                  groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c))
+    bias = c.x("bias") if c.has("bias") else "None"
+    if c.raw("transposed"):
+        return call(c.helper("conv_transpose"), c.x("input"), c.x("weight"), bias,
+                    output_padding=c.ints(_ints(c, "output_padding", n, 0), "output_padding"), **common)
+    return call(c.helper("conv"), c.x("input"), c.x("weight"), bias, **common)
+
+
+def _max_pool(c, node):
+    n = len(c.raw("kernel_size"))
+    kernel = _ints(c, "kernel_size", n, None)
+    stride = _ints(c, "stride", n, None) if c.has("stride") and c.raw("stride") else kernel
+    padding = _ints(c, "padding", n, 0)
+    dilation = _ints(c, "dilation", n, 1)
+    ceil = c.has("ceil_mode") and c.raw("ceil_mode")
+    return call(c.helper("max_pool"), c.x("self"), c.ints(kernel, "kernel_size"),
+                stride=c.ints(stride, "stride") if stride != kernel else None,
+                padding=c.ints(padding, "padding") if set(padding) != {0} else None,
+                dilation=c.ints(dilation, "dilation") if set(dilation) != {1} else None,
+                ceil_mode="True" if ceil else None, channels_last=_cl(c))
+
+
+op("aten.max_pool1d.default", "aten.max_pool2d.default", "aten.max_pool3d.default")(_max_pool)
+
+
+@op("aten.max_pool2d_with_indices.default", "aten.max_pool3d_with_indices.default",
+    "aten.max_pool1d_with_indices.default")
+def max_pool_with_indices(c, node):
+    if any(u.args[1] != 0 for u in node.users):
+        raise Unsupported("max-pool indices (return_indices=True)")
+    return Outputs((_max_pool(c, node), None))
+
+
+@op("aten.avg_pool1d.default", "aten.avg_pool2d.default", "aten.avg_pool3d.default")
+def avg_pool(c, node):
+    n = len(c.raw("kernel_size"))
+    kernel = _ints(c, "kernel_size", n, None)
+    stride = _ints(c, "stride", n, None) if c.has("stride") and c.raw("stride") else kernel
+    padding = _ints(c, "padding", n, 0)
+    ceil = c.has("ceil_mode") and c.raw("ceil_mode")
+    include = c.raw("count_include_pad") if c.has("count_include_pad") else True
+    divisor = c.raw("divisor_override") if c.has("divisor_override") else None
+    return call(c.helper("avg_pool"), c.x("self"), c.ints(kernel, "kernel_size"),
+                stride=c.ints(stride, "stride") if stride != kernel else None,
+                padding=c.ints(padding, "padding") if set(padding) != {0} else None,
+                ceil_mode="True" if ceil else None,
+                count_include_pad="False" if not include and set(padding) != {0} else None,
+                divisor_override=c.lit(divisor, "divisor_override") if divisor else None, channels_last=_cl(c))
+
+
+@op("aten.adaptive_avg_pool1d.default", "aten.adaptive_avg_pool2d.default", "aten.adaptive_avg_pool3d.default",
+    "aten._adaptive_avg_pool2d.default")
+def adaptive_avg_pool(c, node):
+    size = tuple(c.raw("output_size"))
+    n = len(size)
+    if all(s == 1 for s in size):  # a global average: a mean over the spatial axes
+        ndim = c.val("self").ndim
+        axes = tuple(range(ndim - n - 1, ndim - 1)) if c.channels_last else tuple(range(ndim - n, ndim))
+        return call("jnp.mean", c.x("self"), axis=repr(axes), keepdims="True")
+    return call(c.helper("adaptive_avg_pool"), c.x("self"), c.ints(size, "output_size"), channels_last=_cl(c))
+
+
+@op("aten.adaptive_max_pool1d.default", "aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default")
+def adaptive_max_pool(c, node):
+    if any(u.args[1] != 0 for u in node.users):
+        raise Unsupported("adaptive max-pool indices")
+    size = tuple(c.raw("output_size"))
+    return Outputs((call(c.helper("adaptive_max_pool"), c.x("self"), c.ints(size, "output_size")), None))
+
+
+def _size_and_scale(c):
+    """(size=..., scale_factor=...) keywords: the scale factors when torch had them, else the size."""
+    if c.has("scale_factors") and c.raw("scale_factors"):
+        return {"scale_factor": c.ints(tuple(float(s) for s in c.raw("scale_factors")), "scale_factor")}
+    return {"size": c.size(list(c.out.shape)[2:], hint="size")}  # torch's (H, W) order either way
+
+
+@op("aten.upsample_nearest1d.vec", "aten.upsample_nearest2d.vec", "aten.upsample_nearest3d.vec",
+    "aten._upsample_nearest_exact1d.vec", "aten._upsample_nearest_exact2d.vec", "aten._upsample_nearest_exact3d.vec")
+def upsample_nearest(c, node):
+    exact = "exact" in str(node.target)
+    return call(c.helper("interpolate_nearest"), c.x("input"), **_size_and_scale(c), exact="True" if exact else None,
+                channels_last=_cl(c))
+
+
+@op("aten.upsample_linear1d.vec", "aten.upsample_bilinear2d.vec", "aten.upsample_trilinear3d.vec")
+def upsample_linear(c, node):
+    align = c.raw("align_corners")
+    sizes = {"size": c.size(list(c.out.shape)[2:], hint="size")} if align else _size_and_scale(c)
+    return call(c.helper("interpolate_linear"), c.x("input"), **sizes, align_corners="True" if align else None,
+                channels_last=_cl(c))
+
+
+@op("aten.pixel_shuffle.default")
+def pixel_shuffle(c, node):
+    return call(c.helper("pixel_shuffle"), c.x("self"), c.lit(c.raw("upscale_factor"), "upscale_factor"))

@@ -1,0 +1,112 @@
+"""Tensor creation (arange, zeros, full, *_like), embedding lookups, and dropout in a module's own forward."""
+from __future__ import annotations
+
+from flaxport.translate.ops import Unsupported, call, op
+
+
+def _dtype_kw(c, default_float=True):
+    """dtype= text for the node's output dtype, or None where jnp's default gives the same."""
+    dtype = c.out.dtype
+    return c.dtype(dtype, follow=c.node)
+
+
+@op("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def arange(c, node):
+    args = [c.x(k) for k in ("start", "end", "step") if c.has(k)]
+    if len(args) == 2 and args[0].text == "0":
+        args = args[1:]
+    return call("jnp.arange", *args, dtype=_dtype_kw(c))
+
+
+@op("aten.zeros.default", "aten.ones.default", "aten.empty.memory_format", "aten.empty.default")
+def zeros(c, node):
+    name = "jnp.ones" if ".ones." in str(node.target) else "jnp.zeros"
+    return call(name, c.size("size"), _dtype_kw(c))
+
+
+@op("aten.full.default")
+def full(c, node):
+    return call("jnp.full", c.size("size"), c.x("fill_value"), _dtype_kw(c))
+
+
+@op("aten.zeros_like.default", "aten.ones_like.default", "aten.empty_like.default")
+def zeros_like(c, node):
+    name = "jnp.ones_like" if "ones" in str(node.target) else "jnp.zeros_like"
+    same = c.out.dtype == c.val("self").dtype
+    return call(name, c.x("self"), dtype=None if same else _dtype_kw(c))
+
+
+@op("aten.full_like.default")
+def full_like(c, node):
+    same = c.out.dtype == c.val("self").dtype
+    return call("jnp.full_like", c.x("self"), c.x("fill_value"), dtype=None if same else _dtype_kw(c))
+
+
+@op("aten.new_zeros.default", "aten.new_ones.default", "aten.new_empty.default")
+def new_zeros(c, node):
+    name = "jnp.ones" if "ones" in str(node.target) else "jnp.zeros"
+    return call(name, c.size("size"), _dtype_kw(c))
+
+
+@op("aten.new_full.default")
+def new_full(c, node):
+    return call("jnp.full", c.size("size"), c.x("fill_value"), _dtype_kw(c))
+
+
+@op("aten.scalar_tensor.default")
+def scalar_tensor(c, node):
+    return call("jnp.asarray", c.x("s"), _dtype_kw(c))
+
+
+@op("aten.linspace.default")
+def linspace(c, node):
+    return call("jnp.linspace", c.x("start"), c.x("end"), c.x("steps"), dtype=_dtype_kw(c))
+
+
+@op("aten.eye.default", "aten.eye.m")
+def eye(c, node):
+    return call("jnp.eye", c.x("n"), c.x("m") if c.has("m") else None, dtype=_dtype_kw(c))
+
+
+@op("aten.embedding.default")
+def embedding(c, node):
+    return call("jnp.take", c.x("weight"), c.x("indices"), axis="0")
+
+
+@op("aten.dropout.default", "aten.feature_dropout.default")
+def dropout(c, node):
+    p = c.raw("p")
+    p_other = c.twin_raw("p")
+    train, train_other = c.raw("train"), c.twin_raw("train")
+    live = (p and train) or (p_other and train_other)
+    if not live:
+        return c.x("input")
+    rate = p if p and train else p_other
+    ndim = c.val("input").ndim
+    broadcast = f", broadcast_dims={tuple(range(2, ndim))!r}" if "feature" in str(node.target) and ndim > 2 else ""
+    module = c.submodule("dropout", f"nnx.Dropout({rate!r}{broadcast}, rngs=rngs)")
+    return call(module.text, c.x("input"))
+
+
+@op("aten.alpha_dropout.default", "aten.feature_alpha_dropout.default")
+def alpha_dropout(c, node):
+    if c.raw("train") or c.twin_raw("train"):
+        raise Unsupported("alpha dropout in train mode")
+    return c.x("input")
+
+
+_RANDOM = ("rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "normal",
+           "uniform", "multinomial", "randperm", "exponential", "poisson")
+
+
+def _random(name):
+    @op(f"aten.{name}")
+    def handler(c, node):
+        raise Unsupported(f"random numbers ({name}): draw them outside forward and pass them in as an input")
+
+    return handler
+
+
+for _name in _RANDOM:
+    _random(_name)
+

@@ -1,0 +1,44 @@
+"""Matrix products: linear, matmul, bmm, addmm, einsum."""
+from __future__ import annotations
+
+from flaxport.translate.ops import ADD, ATOM, MUL, Expr, binary, call, op
+
+
+@op("aten.linear.default")
+def linear(c, node):
+    y = binary(c, c.x("input"), "@", Expr(f"{c.x('weight').at(ATOM)}.T"), MUL)
+    return binary(c, y, "+", c.x("bias"), ADD) if c.has("bias") else y
+
+
+@op("aten.matmul.default", "aten.mm.default", "aten.bmm.default")
+def matmul(c, node):
+    return binary(c, c.x("self"), "@", c.x("other" if c.has("other") else "mat2"), MUL)
+
+
+@op("aten.addmm.default", "aten.baddbmm.default", "aten.addbmm.default")
+def addmm(c, node):
+    prod = binary(c, c.x("mat1" if c.has("mat1") else "batch1"), "@", c.x("mat2" if c.has("mat2") else "batch2"), MUL)
+    if ".addbmm." in str(node.target):
+        prod = call("jnp.sum", prod, axis=0)
+    beta, alpha = (c.raw(k) if c.has(k) else 1 for k in ("beta", "alpha"))
+    if alpha != 1:
+        prod = binary(c, c.lit(alpha, "alpha"), "*", prod, MUL)
+    base = c.x("self") if beta == 1 else binary(c, c.lit(beta, "beta"), "*", c.x("self"), MUL)
+    return binary(c, base, "+", prod, ADD)
+
+
+@op("aten.einsum.default")
+def einsum(c, node):
+    operands = [c.x_item("tensors", i) for i in range(len(c.raw("tensors")))]
+    return call("jnp.einsum", repr(c.raw("equation")), *operands)
+
+
+@op("aten.dot.default", "aten.vdot.default", "aten.mv.default")
+def dot(c, node):
+    other = next(k for k in ("vec", "tensor", "other") if c.has(k))
+    return binary(c, c.x("self"), "@", c.x(other), MUL)
+
+
+@op("aten.outer.default", "aten.ger.default")
+def outer(c, node):
+    return call("jnp.outer", c.x("self"), c.x("vec2"))

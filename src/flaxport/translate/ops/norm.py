@@ -1,0 +1,74 @@
+"""Normalisation ops in functional form (the layers BatchNorm2d, LayerNorm, ... are runtime classes)."""
+from __future__ import annotations
+
+from flaxport.translate.ops import ADD, MUL, Expr, Outputs, Unsupported, binary, call, op
+
+
+@op("aten.layer_norm.default")
+def layer_norm(c, node):
+    return call(c.helper("layer_norm"), c.x("input"), c.ints(tuple(c.raw("normalized_shape")), "normalized_shape"),
+                c.x("weight") if c.has("weight") else "None", c.x("bias") if c.has("bias") else "None",
+                c.lit(c.raw("eps"), "eps"))
+
+
+@op("aten.native_layer_norm.default")
+def native_layer_norm(c, node):
+    if any(u.args[1] != 0 for u in node.users):
+        raise Unsupported("native_layer_norm statistics")
+    return Outputs((layer_norm(c, node), None, None))
+
+
+@op("aten.group_norm.default")
+def group_norm(c, node):
+    return call(c.helper("group_norm"), c.x("input"), c.lit(c.raw("num_groups"), "num_groups"),
+                c.x("weight") if c.has("weight") else "None", c.x("bias") if c.has("bias") else "None",
+                c.lit(c.raw("eps"), "eps"), channels_last="True" if c.channels_last else None)
+
+
+@op("aten.instance_norm.default")
+def instance_norm(c, node):
+    if not c.raw("use_input_stats"):
+        raise Unsupported("instance_norm with running statistics")
+    channels = c.static(c.val("input").shape[1])
+    return call(c.helper("group_norm"), c.x("input"), c.lit(channels, "num_groups"),
+                c.x("weight") if c.has("weight") else "None", c.x("bias") if c.has("bias") else "None",
+                c.lit(c.raw("eps"), "eps"))
+
+
+@op("aten.rms_norm.default")
+def rms_norm(c, node):
+    x = c.x("input")
+    n = len(c.raw("normalized_shape"))
+    axes = tuple(range(c.val("input").ndim - n, c.val("input").ndim))
+    eps = c.raw("eps") if c.has("eps") and c.raw("eps") is not None else None
+    eps = c.lit(eps, "eps") if eps is not None else Expr(f"jnp.finfo({x.at(100)}.dtype).eps")
+    mean_sq = call("jnp.mean", call("jnp.square", x), axis=repr(axes if n > 1 else axes[0]), keepdims="True")
+    y = binary(c, x, "*", call("lax.rsqrt", binary(c, mean_sq, "+", eps, ADD)), MUL)
+    return binary(c, y, "*", c.x("weight"), MUL) if c.has("weight") else y
+
+
+@op("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default")
+def batch_norm(c, node):
+    """F.batch_norm in a module's own forward: eval statistics, or batch statistics without buffers."""
+    training = c.raw("training") if c.has("training") else False
+    x = c.x("input")
+    ndim = c.val("input").ndim
+    channel = repr((-1,) if c.channels_last else (1, -1) + (1,) * (ndim - 2))
+    if training:
+        if c.has("running_mean"):
+            raise Unsupported("F.batch_norm in train mode with running statistics (use nn.BatchNorm*)")
+        axes = repr(tuple(range(ndim - 1)) if c.channels_last else (0,) + tuple(range(2, ndim)))
+        mean = call("jnp.mean", x, axis=axes, keepdims="True")
+        var = call("jnp.var", x, axis=axes, keepdims="True")
+    else:
+        mean = Expr(f"{c.x('running_mean').at(100)}.reshape({channel})")
+        var = Expr(f"{c.x('running_var').at(100)}.reshape({channel})")
+    y = binary(c, binary(c, x, "-", mean, ADD), "*", call("lax.rsqrt", binary(c, var, "+", c.lit(c.raw("eps"), "eps"),
+                                                                              ADD)), MUL)
+    if c.has("weight"):
+        y = binary(c, y, "*", Expr(f"{c.x('weight').at(100)}.reshape({channel})"), MUL)
+    if c.has("bias"):
+        y = binary(c, y, "+", Expr(f"{c.x('bias').at(100)}.reshape({channel})"), ADD)
+    if "legit" in str(node.target):
+        return Outputs((y, None, None))
+    return y

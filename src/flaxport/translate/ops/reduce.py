@@ -1,0 +1,144 @@
+"""Reductions (sum, mean, max, var with torch's correction, ...) and scans."""
+from __future__ import annotations
+
+from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, op
+
+
+def _axis(c, name="dim"):
+    """axis= text for a dim argument (int, list or absent = all)."""
+    if not c.has(name):
+        return None
+    dims = c.raw(name)
+    ndim = max(c.val("self").ndim, 1)
+    if isinstance(dims, int):
+        return str(c.layout_dim(dims))
+    dims = sorted(c.layout_dim(d) for d in dims)
+    if not dims:
+        return None
+    return str(dims[0]) if len(dims) == 1 else repr(tuple(dims))
+
+
+def _keep(c):
+    return "True" if c.has("keepdim") and c.raw("keepdim") else None
+
+
+def _dtype(c, x):
+    if c.has("dtype") and c.raw("dtype") is not None and c.raw("dtype") != c.val("self").dtype:
+        return Expr(f"{x.at(ATOM)}.astype({c.dtype(c.raw('dtype'))})")
+    return x
+
+
+def _reduction(fn):
+    def handler(c, node):
+        return call(fn, _dtype(c, c.x("self")), axis=_axis(c), keepdims=_keep(c))
+
+    return handler
+
+
+op("aten.sum.dim_IntList", "aten.sum.default")(_reduction("jnp.sum"))
+op("aten.mean.dim", "aten.mean.default")(_reduction("jnp.mean"))
+op("aten.prod.dim_int", "aten.prod.default")(_reduction("jnp.prod"))
+op("aten.amax.default")(_reduction("jnp.max"))
+op("aten.amin.default")(_reduction("jnp.min"))
+op("aten.all.default", "aten.all.dim", "aten.all.dims")(_reduction("jnp.all"))
+op("aten.any.default", "aten.any.dim", "aten.any.dims")(_reduction("jnp.any"))
+op("aten.logsumexp.default")(_reduction("jax.nn.logsumexp"))
+
+
+@op("aten.max.default", "aten.min.default")
+def max_all(c, node):
+    return call("jnp.max" if ".max." in str(node.target) else "jnp.min", c.x("self"))
+
+
+@op("aten.max.dim", "aten.min.dim")
+def max_dim(c, node):
+    """(values, indices) along dim."""
+    x, axis, keep = c.x("self"), _axis(c), _keep(c)
+    fn, arg = ("jnp.max", "jnp.argmax") if ".max." in str(node.target) else ("jnp.min", "jnp.argmin")
+    return Outputs((call(fn, x, axis=axis, keepdims=keep), call(arg, x, axis=axis, keepdims=keep)))
+
+
+@op("aten.max.other", "aten.min.other")
+def max_other(c, node):
+    return call("jnp.maximum" if ".max." in str(node.target) else "jnp.minimum", c.x("self"), c.x("other"))
+
+
+@op("aten.argmax.default", "aten.argmin.default")
+def argmax(c, node):
+    fn = "jnp.argmax" if "argmax" in str(node.target) else "jnp.argmin"
+    return call(fn, c.x("self"), axis=_axis(c), keepdims=_keep(c))
+
+
+def _correction(c, default=1):
+    if c.has("correction") and c.raw("correction") is not None:
+        return c.raw("correction")
+    if c.has("unbiased") and c.raw("unbiased") is not None:
+        return 1 if c.raw("unbiased") else 0
+    return default
+
+
+@op("aten.var.correction", "aten.var.dim", "aten.var.default")
+def var(c, node):
+    ddof = _correction(c)
+    return call("jnp.var", c.x("self"), axis=_axis(c), ddof=str(ddof) if ddof else None, keepdims=_keep(c))
+
+
+@op("aten.std.correction", "aten.std.dim", "aten.std.default")
+def std(c, node):
+    ddof = _correction(c)
+    return call("jnp.std", c.x("self"), axis=_axis(c), ddof=str(ddof) if ddof else None, keepdims=_keep(c))
+
+
+@op("aten.var_mean.correction")
+def var_mean(c, node):
+    ddof = _correction(c)
+    x, axis, keep = c.x("self"), _axis(c), _keep(c)
+    return Outputs((call("jnp.var", x, axis=axis, ddof=str(ddof) if ddof else None, keepdims=keep),
+                    call("jnp.mean", x, axis=axis, keepdims=keep)))
+
+
+@op("aten.linalg_vector_norm.default")
+def vector_norm(c, node):
+    order = c.raw("ord") if c.has("ord") else 2
+    x = c.x("self")
+    return call("jnp.linalg.vector_norm", x, ord=repr(order) if order != 2 else None, axis=_axis(c),
+                keepdims=_keep(c))
+
+
+@op("aten.norm.ScalarOpt_dim")
+def norm(c, node):
+    order = c.raw("p") if c.has("p") else 2
+    return call("jnp.linalg.vector_norm", c.x("self"), ord=repr(order) if order != 2 else None, axis=_axis(c),
+                keepdims=_keep(c))
+
+
+@op("aten.cumsum.default", "aten.cumprod.default")
+def cumsum(c, node):
+    fn = "jnp.cumsum" if "cumsum" in str(node.target) else "jnp.cumprod"
+    return call(fn, _dtype(c, c.x("self")), axis=c.dim("dim"))
+
+
+@op("aten.sort.default", "aten.sort.stable")
+def sort(c, node):
+    dim = c.dim("dim") if c.has("dim") else c.val("self").ndim - 1
+    descending = c.has("descending") and c.raw("descending")
+    x = c.x("self")
+    idx = call("jnp.argsort", x, axis=dim, stable="True", descending="True" if descending else None)
+    return Expr(f"(jnp.take_along_axis({x}, {idx}, axis={dim}), {idx})")
+
+
+@op("aten.topk.default")
+def topk(c, node):
+    ndim = c.val("self").ndim
+    dim = c.dim("dim", ndim) if c.has("dim") else ndim - 1
+    largest = c.raw("largest") if c.has("largest") else True
+    if dim != ndim - 1 or not largest:
+        raise Unsupported("topk over another dim than the last, or smallest")
+    return call("lax.top_k", c.x("self"), c.lit(c.raw("k"), "k"))
+
+
+@op("aten.diff.default")
+def diff(c, node):
+    n = c.raw("n") if c.has("n") else 1
+    return call("jnp.diff", c.x("self"), n=c.lit(n, "n") if n != 1 else None, axis=c.dim("dim"),
+                prepend=c.x("prepend") if c.has("prepend") else None, append=c.x("append") if c.has("append") else None)

@@ -1,0 +1,325 @@
+"""Reshaping, slicing, indexing, joining and padding: torch's dims and index rules on jnp arrays."""
+from __future__ import annotations
+
+from flaxport.translate.capture import INT64_MAX
+from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, method, op
+
+
+def _reshape(c, node):
+    sizes = list(c.raw("size" if c.has("size") else "shape"))
+    x = c.x("self")
+    lead = c.static(c.val("self").shape[0]) if c.val("self").ndim else None
+    import re
+
+    base = re.fullmatch(r"(\w+)(\.transpose\(0, [0-9, ]+\))?", x.text)  # a name, or its layout transpose
+    if sizes and isinstance(sizes[0], int) and sizes[0] == lead and lead not in (None, -1, 1) and base:
+        # export fixed the batch size (len(x) or x.size(0) made it a Python int): keep it x.shape[0]
+        batch = f"{base.group(1)}.shape[0]"
+        return method(x, "reshape", Expr(", ".join([batch, c.size(sizes[1:], bare=True).text])
+                                         if len(sizes) > 1 else batch))
+    return method(x, "reshape", c.size(sizes, bare=True))
+
+
+op("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.view_copy.default")(_reshape)
+
+
+@op("aten.flatten.using_ints")
+def flatten(c, node):
+    ndim = c.val("self").ndim
+    start, end = c.dim("start_dim", ndim), c.dim("end_dim", ndim)
+    if start == end:
+        return c.x("self")
+    shape = list(c.val("self").shape)
+    sizes = shape[:start] + [-1] + shape[end + 1:]
+    return method(c.x("self"), "reshape", c.size(sizes, bare=True))
+
+
+@op("aten.unflatten.int")
+def unflatten(c, node):
+    return method(c.x("self"), "reshape", c.size(c.out_shape(), bare=True))
+
+
+@op("aten.permute.default")
+def permute(c, node):
+    ndim = c.val("self").ndim
+    dims = [d % ndim for d in c.raw("dims")]
+    return method(c.x("self"), "transpose", *dims)
+
+
+@op("aten.transpose.int", "aten.swapaxes.default")
+def transpose(c, node):
+    ndim = c.val("self").ndim
+    a, b = (c.dim("dim0", ndim), c.dim("dim1", ndim)) if c.has("dim0") else (c.dim("axis0", ndim), c.dim("axis1", ndim))
+    if ndim == 2 and {a, b} == {0, 1}:
+        return Expr(f"{c.x('self').at(ATOM)}.T")
+    return call("jnp.swapaxes", c.x("self"), a, b)
+
+
+@op("aten.t.default", "aten.numpy_T.default")
+def t(c, node):
+    return Expr(f"{c.x('self').at(ATOM)}.T") if c.val("self").ndim == 2 else c.x("self")
+
+
+@op("aten.movedim.int")
+def movedim(c, node):
+    ndim = c.val("self").ndim
+    return call("jnp.moveaxis", c.x("self"), c.dim("source", ndim), c.dim("destination", ndim))
+
+
+@op("aten.unsqueeze.default")
+def unsqueeze(c, node):
+    return call("jnp.expand_dims", c.x("self"), c.dim("dim", c.val("self").ndim + 1))
+
+
+@op("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
+def squeeze(c, node):
+    shape = c.val("self").shape
+    ndim = len(shape)
+    dims = c.raw("dim") if c.has("dim") else list(range(ndim))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    # torch squeezes only the listed dims that have size 1 (and ignores the others)
+    keep = [d % max(ndim, 1) for d in dims if ndim and c.static(shape[d % ndim]) == 1]
+    if not keep:
+        return c.x("self")
+    return call("jnp.squeeze", c.x("self"), keep[0] if len(keep) == 1 else tuple(keep))
+
+
+@op("aten.expand.default", "aten.expand_copy.default")
+def expand(c, node):
+    return call("jnp.broadcast_to", c.x("self"), c.size(c.out_shape()))
+
+
+@op("aten.expand_as.default")
+def expand_as(c, node):
+    return call("jnp.broadcast_to", c.x("self"), Expr(f"{c.x('other').at(ATOM)}.shape"))
+
+
+@op("aten.repeat.default")
+def repeat(c, node):
+    return call("jnp.tile", c.x("self"), c.size("repeats"))
+
+
+@op("aten.repeat_interleave.self_int")
+def repeat_interleave(c, node):
+    dim = c.dim("dim") if c.has("dim") else None
+    return call("jnp.repeat", c.x("self"), c.x("repeats"), axis=dim)
+
+
+@op("aten.cat.default", "aten.concat.default", "aten.concatenate.default")
+def cat(c, node):
+    items = [c.x_item("tensors", i) for i in range(len(c.raw("tensors")))]
+    # torch skips 1-D empty tensors in cat (a legacy rule); jnp would refuse them
+    items = [i for k, i in enumerate(items) if not (c.item_val("tensors", k).ndim == 1 and
+                                                      c.static(c.item_val("tensors", k).shape[0]) == 0)]
+    ndim = c.out.ndim
+    dim = c.dim("dim", ndim) if c.has("dim") else 0
+    if c.channels_last:
+        from flaxport.translate.layout import to_layout_dim
+
+        dim = to_layout_dim(dim, ndim)
+    return call("jnp.concatenate", Expr("[" + ", ".join(str(i) for i in items) + "]"), axis=dim)
+
+
+@op("aten.stack.default")
+def stack(c, node):
+    items = [c.x_item("tensors", i) for i in range(len(c.raw("tensors")))]
+    return call("jnp.stack", Expr("[" + ", ".join(str(i) for i in items) + "]"),
+                axis=c.dim("dim", c.out.ndim) if c.has("dim") else 0)
+
+
+@op("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.tensor_split.sections",
+    "aten.unsafe_split.Tensor")
+def split(c, node):
+    ndim = c.val("self").ndim
+    dim = c.dim("dim", ndim) if c.has("dim") else 0
+    sizes = [c.static(v.shape[dim]) for v in c.out]
+    if any(not isinstance(s, int) for s in sizes):
+        raise Unsupported("a split of a dimension whose size is not fixed")
+    points, total = [], 0
+    for s in sizes[:-1]:
+        total += s
+        points.append(total)
+    return call("jnp.split", c.x("self"), Expr(repr(points) if len(set(sizes)) > 1 else str(len(sizes))),
+                axis=dim)
+
+
+@op("aten.unbind.int")
+def unbind(c, node):
+    ndim = c.val("self").ndim
+    dim = c.dim("dim", ndim) if c.has("dim") else 0
+    n = c.static(c.val("self").shape[dim])
+    x = c.x("self")
+    return Outputs(tuple(c.index_expr(x, ndim, {dim: str(i)}) for i in range(n)))
+
+
+@op("aten.slice.Tensor")
+def slice_(c, node):
+    ndim = c.val("self").ndim
+    dim = c.dim("dim", ndim) if c.has("dim") else 0
+    start = c.raw("start") if c.has("start") else None
+    end = c.raw("end") if c.has("end") else None
+    step = c.raw("step") if c.has("step") else 1
+    start = None if start in (0, None) else c.index_text(start)
+    end = None if end is None or (isinstance(end, int) and end >= INT64_MAX) else c.index_text(end)
+    if start is None and end is None and step == 1:
+        return c.x("self")
+    text = f"{start or ''}:{end or ''}" + (f":{step}" if step != 1 else "")
+    return c.index_expr(c.x("self"), ndim, {dim: text})
+
+
+@op("aten.select.int")
+def select(c, node):
+    ndim = c.val("self").ndim
+    return c.index_expr(c.x("self"), ndim, {c.dim("dim", ndim): c.index_text(c.raw("index"))})
+
+
+@op("aten.narrow.default")
+def narrow(c, node):
+    ndim = c.val("self").ndim
+    start = c.index_text(c.raw("start"))
+    return c.index_expr(c.x("self"), ndim, {c.dim("dim", ndim): f"{start}:{start} + {c.index_text(c.raw('length'))}"})
+
+
+@op("aten.index.Tensor")
+def index(c, node):
+    indices = c.raw("indices")
+    ndim = c.val("self").ndim
+    parts = {i: (c.x_item("indices", i).text if ix is not None else ":") for i, ix in enumerate(indices)}
+    return c.index_expr(c.x("self"), ndim, parts, keep_trailing=False)
+
+
+@op("aten.index_select.default")
+def index_select(c, node):
+    return call("jnp.take", c.x("self"), c.x("index"), axis=c.dim("dim"))
+
+
+@op("aten.gather.default")
+def gather(c, node):
+    return call("jnp.take_along_axis", c.x("self"), c.x("index"), axis=c.dim("dim"))
+
+
+@op("aten.index_put.default")
+def index_put(c, node):
+    indices = c.raw("indices")
+    ndim = c.val("self").ndim
+    parts = {i: (c.x_item("indices", i).text if ix is not None else ":") for i, ix in enumerate(indices)}
+    where = c.index_expr(Expr("X"), ndim, parts, keep_trailing=False).text[1:]
+    fn = "add" if c.has("accumulate") and c.raw("accumulate") else "set"
+    return Expr(f"{c.x('self').at(ATOM)}.at{where}.{fn}({c.x('values')})")
+
+
+@op("aten.select_scatter.default")
+def select_scatter(c, node):
+    ndim = c.val("self").ndim
+    where = c.index_expr(Expr("X"), ndim, {c.dim("dim", ndim): c.index_text(c.raw("index"))}).text[1:]
+    return Expr(f"{c.x('self').at(ATOM)}.at{where}.set({c.x('src')})")
+
+
+@op("aten.slice_scatter.default")
+def slice_scatter(c, node):
+    ndim = c.val("self").ndim
+    dim = c.dim("dim", ndim) if c.has("dim") else 0
+    start = c.raw("start") if c.has("start") else None
+    end = c.raw("end") if c.has("end") else None
+    step = c.raw("step") if c.has("step") else 1
+    start = None if start in (0, None) else c.index_text(start)
+    end = None if end is None or (isinstance(end, int) and end >= INT64_MAX) else c.index_text(end)
+    text = f"{start or ''}:{end or ''}" + (f":{step}" if step != 1 else "")
+    where = c.index_expr(Expr("X"), ndim, {dim: text}).text[1:]
+    if where == "":
+        return c.x("src")
+    return Expr(f"{c.x('self').at(ATOM)}.at{where}.set({c.x('src')})")
+
+
+@op("aten.flip.default")
+def flip(c, node):
+    ndim = c.val("self").ndim
+    dims = tuple(d % ndim for d in c.raw("dims"))
+    return call("jnp.flip", c.x("self"), dims[0] if len(dims) == 1 else dims)
+
+
+@op("aten.roll.default")
+def roll(c, node):
+    shifts, dims = c.raw("shifts"), c.raw("dims") if c.has("dims") else None
+    return call("jnp.roll", c.x("self"), tuple(shifts) if len(shifts) > 1 else shifts[0],
+                axis=(tuple(dims) if len(dims) > 1 else dims[0]) if dims else None)
+
+
+@op("aten.tril.default", "aten.triu.default")
+def tri(c, node):
+    name = str(node.target).split(".")[1]
+    diagonal = c.raw("diagonal") if c.has("diagonal") else 0
+    return call(f"jnp.{name}", c.x("self"), k=c.lit(diagonal, "diagonal") if diagonal else None)
+
+
+@op("aten.constant_pad_nd.default", "aten.pad.default")
+def pad(c, node):
+    mode = c.raw("mode") if c.has("mode") else "constant"
+    pads = list(c.raw("pad"))
+    ndim = c.val("self").ndim
+    widths = [(0, 0)] * ndim
+    for i in range(len(pads) // 2):  # torch lists (low, high) pairs from the last dim backwards
+        widths[ndim - 1 - i] = (pads[2 * i], pads[2 * i + 1])
+    if any(lo < 0 or hi < 0 for lo, hi in widths):
+        raise Unsupported("negative padding (cropping)")
+    value = c.raw("value") if c.has("value") else None
+    jmode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
+    return call("jnp.pad", c.x("self"), Expr(repr(tuple(widths))),
+                mode=repr(jmode) if jmode != "constant" else None,
+                constant_values=c.lit(value, "value") if value else None)
+
+
+def _pad_mode(mode):
+    def handler(c, node):
+        pads = list(c.raw("padding"))
+        ndim = c.val("self").ndim
+        widths = [(0, 0)] * ndim
+        for i in range(len(pads) // 2):
+            widths[ndim - 1 - i] = (pads[2 * i], pads[2 * i + 1])
+        return call("jnp.pad", c.x("self"), Expr(repr(tuple(widths))), mode=repr(mode))
+
+    return handler
+
+
+for _n in (1, 2, 3):
+    op(f"aten.reflection_pad{_n}d.default")(_pad_mode("reflect"))
+    op(f"aten.replication_pad{_n}d.default")(_pad_mode("edge"))
+
+
+@op("aten.detach.default")
+def detach(c, node):
+    return call("lax.stop_gradient", c.x("self"))
+
+
+@op("aten.to.dtype", "aten.to.device", "aten.to.dtype_layout", "aten._to_copy.default", "aten.type_as.default")
+def to(c, node):
+    target = c.out.dtype
+    return Expr(f"{c.x('self').at(ATOM)}.astype({c.dtype(target, follow=node)})")
+
+
+@op("aten.view.dtype")
+def view_dtype(c, node):
+    return call("lax.bitcast_convert_type", c.x("self"), c.dtype(c.out.dtype))
+
+
+@op("getitem", "<built-in function getitem>")
+def getitem(c, node):
+    return Expr(f"{c.x_index(0).at(ATOM)}[{c.raw_index(1)}]")
+
+
+@op("aten.numel.default")
+def numel(c, node):
+    return Expr(f"{c.x('self').at(ATOM)}.size")
+
+
+@op("aten.one_hot.default")
+def one_hot(c, node):
+    classes = c.raw("num_classes")
+    if classes is None or classes < 0:
+        raise Unsupported("one_hot without num_classes")
+    return method(call("jax.nn.one_hot", c.x("self"), c.lit(classes, "num_classes")), "astype", c.dtype(c.out.dtype))
+
+
+@op("aten.broadcast_tensors.default")
+def broadcast_tensors(c, node):
+    return call("jnp.broadcast_arrays", *[c.x_item("tensors", i) for i in range(len(c.raw("tensors")))])

@@ -1,0 +1,525 @@
+"""From captured frames to Flax NNX classes: which torch module becomes what, and how
+instances of one torch class share one generated class.
+
+Every torch module the forward uses becomes one of:
+  layer       a runtime layer class (Conv2d, BatchNorm2d, LSTM, nnx.Dropout, ...)
+  inline      a parameter-free torch module (ReLU, MaxPool2d, Flatten): its ops are
+              written where it is called
+  sequential  nn.Sequential called as a whole: nnx.Sequential
+  container   nn.ModuleList / ModuleDict (or a Sequential indexed): nnx.List / nnx.Dict
+  generated   anything else with a forward (user classes, nn.MultiheadAttention, HF
+              modules): a generated class whose __call__ is the captured code
+
+A generated class is rendered for every call in both captured modes (eval and train).
+Where the two differ only in numbers, the number becomes `a if self.training else b`;
+where statements differ, `if self.training:` blocks. Instances of one torch class whose
+rendered code is the same share a class; the numbers that differ between them
+(channels, strides) become constructor arguments, named after the torch module's own
+attribute when one holds those values (`self.stride`), else after the argument they fill.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from flaxport.translate import capture as cap
+from flaxport.translate import layers as layer_table
+from flaxport.translate import source as src
+from flaxport.translate.body import _safe_name
+
+NNX_RESERVED = {"train", "eval", "set_attributes", "sow", "perturb", "iter_modules", "iter_children", "training",
+                "deterministic", "use_running_average", "rngs"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeValue:
+    """A number that differs between train and eval mode."""
+
+    eval: object
+    train: object
+
+    def __repr__(self):
+        return f"{self.train!r} if self.training else {self.eval!r}"
+
+
+@dataclasses.dataclass
+class Line:
+    text: str  # with local slot markers \x00i\x00
+    slots: tuple  # ((value, hint), ...)
+
+    @property
+    def key(self):
+        return self.text
+
+
+@dataclasses.dataclass
+class Instance:
+    path: str
+    module: object
+    init: list  # [Line]
+    call: list  # [Line]
+    params: list  # __call__ parameter names
+    needs_training: bool
+    cls: "ClassDef | None" = None
+    args: tuple = ()  # constructor argument values for cls
+
+
+@dataclasses.dataclass
+class ClassDef:
+    name: str
+    torch_class: type
+    instances: list
+    params: list = dataclasses.field(default_factory=list)  # constructor parameter names
+    positions: dict = dataclasses.field(default_factory=dict)  # (part, line, slot) -> param name or None
+    base: str = "nnx.Module"
+
+
+class Plan:
+    def __init__(self, module, captures: dict, f64=None, layout: str = "nchw"):
+        self.module = module
+        self.layout_mode = layout
+        self.captures = captures  # mode -> Capture, the module's own mode first
+        self.f64 = f64
+        self.modules = dict(module.named_modules())
+        self.frames_by_path: dict = {}
+        for mode, c in captures.items():
+            for frame in c.root.walk():
+                self.frames_by_path.setdefault(frame.path, []).append((mode, frame))
+        self._aliases = _aliases(module)  # tied weights: every name of one tensor
+        self._io: dict = {}
+        self._extra_syms: dict = {}
+        self._kinds: dict = {}
+        self._specs: dict = {}
+        self._synth: dict = {}
+        self._const_names: dict = {}
+        self._by_name = {mode: {n.name: n for n in c.graph.nodes} for mode, c in captures.items()}
+        self._f64_by_name = {n.name: n for n in f64.graph.nodes} if f64 is not None else {}
+        self.problems: list = []  # (op, module path, source)
+        self.helpers: set = set()
+        self.imports: set = set()
+        self.bodies: dict = {}  # (mode, frame key) -> Body
+        self.instances: dict = {}  # path -> Instance
+        self.classes: list = []  # ClassDef, dependencies first
+        self.lambdas: dict = {}  # path -> function text for inline modules inside nn.Sequential
+        self.root_structure = self._root_structure
+        self._decide_kinds()
+        self.layouts = {mode: {} for mode in captures}
+        if layout == "nhwc":
+            self._assign_layouts()
+
+    # ------------------------------------------------------------------ kinds
+    def _decide_kinds(self):
+        from torch import nn
+
+        read = set()  # modules whose parameters or buffers the graphs read directly
+        for c in self.captures.values():
+            for node, ph in c.placeholders.items():
+                if ph.kind in ("param", "buffer") and node.users:
+                    read.add(ph.target.rsplit(".", 1)[0] if "." in ph.target else "")
+        self._read = read
+        for path, m in self.modules.items():
+            frames = [f for _, f in self.frames_by_path.get(path, [])]
+            if path == "":
+                kind = "generated"
+            elif layer_table.is_inline(m):
+                kind = "inline"
+            elif isinstance(m, nn.Sequential) and frames:
+                kind = "sequential"
+            elif isinstance(m, (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
+                kind = "container"
+            else:
+                spec = layer_table.layer_spec(m, frames)
+                if spec is not None:
+                    self._specs[path] = spec
+                    kind = "layer"
+                else:
+                    kind = "generated" if frames else "unused"
+            self._kinds[path] = kind
+        # inline modules inside a called Sequential are elements of it: rendered as functions
+        for path, kind in list(self._kinds.items()):
+            parent = path.rsplit(".", 1)[0] if "." in path else ""
+            if path and kind == "inline" and self._kinds.get(parent) == "sequential":
+                self._kinds[path] = "element"
+
+    def kind(self, frame_or_path) -> str:
+        path = frame_or_path if isinstance(frame_or_path, str) else frame_or_path.path
+        kind = self._kinds.get(path, "generated")
+        return "call" if kind == "element" and not isinstance(frame_or_path, str) else kind
+
+    def used(self, path) -> bool:
+        """Does the forward use this module (or something inside it, or its parameters)?"""
+        prefix = path + "." if path else ""
+        return any(p == path or p.startswith(prefix) for p in list(self.frames_by_path) + list(self._read))
+
+    # ------------------------------------------------------------------ layouts (--layout nhwc)
+    def _assign_layouts(self):
+        from flaxport.translate import layout as lay
+
+        for mode, c in self.captures.items():
+            forced: set = set()
+            for _ in range(8):
+                self.layouts[mode] = lay.assign(c, frozenset(forced))
+                blocked = self._sequential_conflicts(c)
+                if not blocked - forced:
+                    break
+                forced |= blocked
+
+    def _sequential_conflicts(self, capture) -> set:
+        """Native nodes of layers inside nn.Sequential that would receive the other layout from the
+        element before them (nnx.Sequential passes values on as they are)."""
+        out = set()
+        for frame in capture.root.walk():
+            if self._kinds.get(frame.path) != "sequential":
+                continue
+            children = frame.children
+            for prev, cur in zip(children, children[1:]):
+                arrive = [self.layout_of(capture, v) for v in self.io(prev)[1]]
+                for v in self.io(cur)[0]:
+                    if isinstance(v, str):
+                        continue
+                    want = self.call_wanted(capture, cur, v)
+                    if arrive and want != arrive[0]:
+                        out |= self._native_nodes(cur)
+        return out
+
+    def _native_nodes(self, frame) -> set:
+        from flaxport.translate import layout as lay
+
+        return {n for n in frame.all_nodes() if str(n.target) in lay.NATIVE}
+
+    def layout_of(self, capture, node) -> str:
+        from flaxport.translate import layout as lay
+
+        return self.layouts.get(capture.mode, {}).get(node, lay.TORCH) if capture.mode in self.layouts else lay.TORCH
+
+    def layout_by_name(self, name: str) -> str:
+        from flaxport.translate import layout as lay
+
+        for mode, layouts in self.layouts.items():
+            for node, value in layouts.items():
+                if node.name == name:
+                    return value
+        return lay.TORCH
+
+    def wanted(self, capture, node, arg) -> str:
+        from flaxport.translate import layout as lay
+
+        if not self.layouts.get(capture.mode):
+            return lay.TORCH
+        return lay.wanted(node, arg, self.layouts[capture.mode])
+
+    def call_wanted(self, capture, frame, arg) -> str:
+        """The layout a call of `frame` takes `arg` in: a layer reads it as its first op that uses it
+        does; an nn.Sequential as its first element does; a generated class as it comes."""
+        from flaxport.translate import layout as lay
+
+        if not self.layouts.get(capture.mode):
+            return lay.TORCH
+        kind = self._kinds.get(frame.path)
+        if kind == "layer":
+            user = next((n for n in frame.all_nodes() if arg in n.all_input_nodes), None)
+            return self.wanted(capture, user, arg) if user is not None else lay.TORCH
+        if kind == "sequential" and frame.children:
+            return self.call_wanted(capture, frame.children[0], arg)
+        return self.layout_of(capture, arg)
+
+    def layer_channels_last(self, path) -> bool:
+        from flaxport.translate import layout as lay
+
+        for mode, frame in self.frames_by_path.get(path, []):
+            for node in self._native_nodes(frame):
+                if self.layouts.get(mode, {}).get(node) == lay.LAST:
+                    return True
+        return False
+
+    # ------------------------------------------------------------------ inputs and outputs
+    def io(self, frame):
+        """(inputs, outputs) of a frame: values from outside it (and size symbols, as str) it
+        reads, and values it computes that are read outside it."""
+        key = id(frame)
+        if key in self._io:
+            inputs, outputs = self._io[key]
+            return inputs + self._extra_syms.get(key, []), outputs
+        capture = self._capture_of(frame)
+        if frame.parent is None:
+            outputs = [o for o in capture.outputs if hasattr(o, "op")]
+            self._io[key] = (list(capture.user_inputs), list(dict.fromkeys(outputs)))
+            return self.io(frame)
+        inside = set(frame.all_nodes())
+        inputs, outputs = [], []
+        graph_outputs = set(o for o in capture.outputs if hasattr(o, "op"))
+        for node in frame.all_nodes():
+            for a in node.all_input_nodes:
+                if a in inside or cap.is_sym(a) or a in inputs:
+                    continue
+                ph = capture.placeholders.get(a)
+                if ph is not None and ph.kind != "input" and self._owned(frame.path, capture, a):
+                    continue
+                inputs.append(a)
+            if any(u not in inside for u in node.users) or node in graph_outputs:
+                if not (cap.is_sym(node)):
+                    outputs.append(node)
+        spec = self._specs.get(frame.path)
+        if spec is not None and spec.core:
+            inputs = self._layer_inputs(frame, spec, inputs)
+        self._io[key] = (inputs, outputs)
+        return self.io(frame)
+
+    def _layer_inputs(self, frame, spec, inputs):
+        core = next(n for n in frame.all_nodes() if str(n.target) == spec.core)
+        x = core.args[0]
+        hx = [h for h in core.args[1] if h in inputs] if len(core.args) > 1 and isinstance(core.args[1], (list, tuple)) \
+            else ([core.args[1]] if len(core.args) > 1 and core.args[1] in inputs else [])
+        return [x] + hx
+
+    def _capture_of(self, frame):
+        root = frame
+        while root.parent is not None:
+            root = root.parent
+        for c in self.captures.values():
+            if c.root is root:
+                return c
+        if self.f64 is not None and self.f64.root is root:
+            return self.f64
+        raise KeyError(frame.key)
+
+    def _owned(self, path, capture, node) -> bool:
+        ph = capture.placeholders[node]
+        names = self._aliases.get(ph.target, [ph.target]) if ph.kind in ("param", "buffer") else [None]
+        for name in names:
+            owner = self.placeholder_owner(capture, node) if name is None else \
+                (name.rsplit(".", 1)[0] if "." in name else "")
+            if owner == path or not path or owner.startswith(path + "."):
+                return True
+        return False
+
+    def placeholder_name_from(self, capture, node, path: str) -> str:
+        """placeholder_name, choosing among tied names the one inside the module at `path`."""
+        ph = capture.placeholders[node]
+        if ph.kind in ("param", "buffer"):
+            for name in self._aliases.get(ph.target, [ph.target]):
+                owner = name.rsplit(".", 1)[0] if "." in name else ""
+                if not path or owner == path or owner.startswith(path + "."):
+                    return name
+        return self.placeholder_name(capture, node)
+
+    def need_symbol(self, frame, name) -> str:
+        extra = self._extra_syms.setdefault(id(frame), [])
+        if name not in extra:
+            extra.append(name)
+        return f"size{extra.index(name)}" if len(extra) > 1 else "size"
+
+    def param_names(self, frame) -> list:
+        capture = self._capture_of(frame)
+        inputs, _ = self.io(frame)
+        if frame.parent is None:
+            names = list(capture.input_access)
+        else:
+            names = self._guess_param_names(frame, [v for v in inputs if not isinstance(v, str)])
+        extra = self._extra_syms.get(id(frame), [])
+        names += ["size" if len(extra) == 1 else f"size{i}" for i in range(len(extra))]
+        return names
+
+    def _guess_param_names(self, frame, inputs) -> list:
+        """The forward's own parameter names, matched by the source line that first reads each input."""
+        cls = type(frame.module)
+        params = src.forward_parameters(cls)
+        file = src.class_file(cls)
+        names = []
+        for v in inputs:
+            name = None
+            for node in frame.all_nodes():
+                if v in node.all_input_nodes:
+                    for f, line, _ in reversed(src.frames(node)):
+                        if f == file:
+                            seen = src.names_on_line(f, line)
+                            options = [p for p in params if p in seen and p not in names]
+                            name = options[0] if options else None
+                            break
+                    break
+            names.append(name)
+        out = []
+        for i, name in enumerate(names):
+            if name is None:
+                name = next((p for p in params if p not in names and p not in out), None) or ("x" if i == 0 else f"x{i}")
+            out.append(_safe_name(name))
+        return out
+
+    # ------------------------------------------------------------------ state
+    def placeholder_name(self, capture, node) -> str:
+        """The torch name of a param / buffer, or '<module path>.<attr>' given to a constant."""
+        ph = capture.placeholders[node]
+        if ph.kind in ("param", "buffer"):
+            return ph.target
+        if node.name not in self._const_names:
+            self._name_constant(capture, node)
+        return self._const_names[node.name]
+
+    def placeholder_owner(self, capture, node) -> str:
+        ph = capture.placeholders[node]
+        if ph.kind == "constant":
+            if node.name not in self._const_names:
+                self._name_constant(capture, node)
+            return self._const_names[node.name].rsplit(".", 1)[0] if "." in self._const_names[node.name] else ""
+        return ph.target.rsplit(".", 1)[0] if "." in ph.target else ""
+
+    def _name_constant(self, capture, node):
+        frames = capture.node_frames()
+        users = list(node.users)
+        frame = frames.get(users[0]) if users else capture.root
+        while frame is not None and self._kinds.get(frame.path) in ("inline", "element", "layer"):
+            frame = frame.parent
+        path = frame.path if frame is not None else ""
+        stmt = src.statement(users[0], src.class_file(type(self.modules[path]))) if users else None
+        base = _safe_name(stmt.targets[0]) if stmt and stmt.targets and stmt.targets[0] else "constant"
+        taken = {n.rsplit(".", 1)[-1] for n in self._const_names.values() if n.rsplit(".", 1)[0] == path}
+        taken |= self._attribute_names(path)
+        name, k = base, 1
+        while name in taken:
+            k += 1
+            name = f"{base}{k}"
+        self._const_names[node.name] = f"{path}.{name}" if path else name
+
+    def _attribute_names(self, path) -> set:
+        m = self.modules[path]
+        return {n for n, _ in m.named_children()} | {n for n, _ in m.named_parameters(recurse=False)} | \
+            {n for n, _ in m.named_buffers(recurse=False)}
+
+    def constants(self, capture) -> dict:
+        """'<path>.<attr>' -> tensor for every lifted constant of a capture."""
+        out = {}
+        for node, ph in capture.placeholders.items():
+            if ph.kind == "constant":
+                self.placeholder_owner(capture, node)
+                out[self._const_names[node.name]] = ph.value
+        return out
+
+    def owns_update(self, frame, target) -> bool:
+        owner = target.rsplit(".", 1)[0] if "." in target else ""
+        return owner == frame.path
+
+    # ------------------------------------------------------------------ attribute access
+    def attr_name(self, name: str) -> str:
+        name = _safe_name(name)
+        return name + "_" if name in NNX_RESERVED else name
+
+    def attr_expr(self, from_path: str, to_path: str) -> str:
+        """`self.layer1[0].conv1` from the module at from_path to the module at to_path."""
+        rel = to_path[len(from_path) + 1:] if from_path else to_path
+        text, cur = "self", from_path
+        for part in rel.split(".") if rel else []:
+            kind = self._kinds.get(cur)
+            parent = self.modules[cur]
+            if kind == "sequential":
+                text += f".layers[{part}]"
+            elif kind == "container":
+                from torch import nn
+
+                if isinstance(parent, nn.ModuleDict):
+                    text += f"[{part!r}]"
+                else:
+                    text += f"[{part}]"
+            else:
+                text += f".{self.attr_name(part)}"
+            cur = f"{cur}.{part}" if cur else part
+        return text
+
+    def attr_of_placeholder(self, from_path: str, target: str) -> str:
+        owner, _, attr = target.rpartition(".")
+        return f"{self.attr_expr(from_path, owner)}.{self.attr_name(attr)}"
+
+    def nnx_path(self, torch_path: str) -> tuple:
+        """The NNX state path of a torch module path ('layer1.0.conv1' -> ('layer1', 'layers', 0, 'conv1'))."""
+        out, cur = [], ""
+        for part in torch_path.split(".") if torch_path else []:
+            kind = self._kinds.get(cur)
+            if kind == "sequential":
+                out += ["layers", int(part)]
+            elif kind == "container":
+                out.append(int(part) if part.isdigit() else part)
+            else:
+                out.append(self.attr_name(part))
+            cur = f"{cur}.{part}" if cur else part
+        return tuple(out)
+
+    # ------------------------------------------------------------------ twins (other captures)
+    def twin(self, capture, node):
+        """The node of the same name in the other mode's capture (None if absent or another op)."""
+        for mode, by_name in self._by_name.items():
+            if mode == capture.mode:
+                continue
+            other = by_name.get(node.name)
+            if other is not None and other.target == node.target:
+                return other
+        return None
+
+    def dtype_reference(self, body, node) -> str | None:
+        """`x.dtype` for a float cast that follows the compute dtype (float32 here, float64 in
+        the float64 capture), with x a named float value in scope that follows it too."""
+        if self.f64 is None:
+            return None
+        twin = self._f64_by_name.get(node.name)
+        val = node.meta.get("val")
+        if twin is None:
+            # dropped from the float64 capture as a cast to the dtype it already had: it follows
+            import torch
+
+            twin_dtype = torch.float64 if str(getattr(val, "dtype", "")) == "torch.float32" else None
+        else:
+            twin_dtype = getattr(twin.meta.get("val"), "dtype", None)
+        if twin_dtype is None or not hasattr(val, "dtype") or str(twin_dtype) == str(val.dtype):
+            return None
+        twin_val = type("V", (), {"dtype": twin_dtype})
+        for v in list(body.inputs) + list(body.names):
+            if isinstance(v, str) or v not in body.names:
+                continue
+            t = self._f64_by_name.get(v.name)
+            vv = v.meta.get("val")
+            if t is not None and hasattr(vv, "dtype") and str(vv.dtype) == str(val.dtype) and \
+                    str(t.meta.get("val").dtype) == str(twin_val.dtype):
+                return f"{body.names[v]}.dtype"
+        return None
+
+    def synth_name(self, frame, node, base) -> str:
+        per_path = self._synth.setdefault(frame.path, {})
+        key = (node.name, base)
+        if key not in per_path:
+            taken = set(per_path.values()) | self._attribute_names(frame.path)
+            name, k = base, 1
+            while name in taken:
+                k += 1
+                name = f"{base}{k}"
+            per_path[key] = name
+        return per_path[key]
+
+    # ------------------------------------------------------------------ problems
+    def unsupported(self, node, frame, why):
+        op = str(node.target)
+        source = src.user_line(node)
+        path = frame.path
+        self.problems.append((op + (f": {why}" if why else ""), path, source))
+
+    # ------------------------------------------------------------------ root outputs
+    def _root_structure(self, capture, render) -> str:
+        """The forward's output structure (tuple, list, dict; a HF ModelOutput as a tuple)."""
+        leaves = iter(capture.outputs)
+
+        def go(spec):
+            if spec.is_leaf():
+                leaf = next(leaves)
+                return render(leaf) if hasattr(leaf, "op") else repr(leaf)
+            parts = [go(child) for child in spec.children()]
+            if spec.type is dict:
+                return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(spec.context, parts)) + "}"
+            if spec.type is list:
+                return "[" + ", ".join(parts) + "]"
+            return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+        return go(capture.out_spec)
+
+
+def _aliases(module) -> dict:
+    """{name: [every name of the same tensor]} for parameters and buffers shared between modules."""
+    groups: dict = {}
+    for name, t in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
+        groups.setdefault(id(t), []).append(name)
+    return {name: names for names in groups.values() if len(names) > 1 for name in names}

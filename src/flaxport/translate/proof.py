@@ -1,0 +1,479 @@
+"""The proof `translate` runs: the translated model against torch, at every submodule boundary.
+
+Both sides run in eval mode on the example inputs, in float64 (jax x64 and the torch
+module in double) and in float32. torch's values at each boundary are the values its
+own ATen ops compute for the captured graph (an fx Interpreter over the export, which
+holds torch's kernels), and the final outputs come from running the torch module
+itself. The JAX side records what every translated module call returns. Rows follow
+torch's execution order (a call's row when it returns, as forward hooks would), so the
+first failing row is the first submodule whose translation computes something else.
+
+A row passes in float64 when max|torch - jax| <= atol + rtol * max|torch| (1e-5 each);
+the float32 figure is reported beside it (float32 rounding, ~1e-6, is expected there).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+
+import numpy as np
+
+from flaxport.port.parity import ParityReport, Row, compare
+
+ATOL = RTOL = 1e-5
+# The proof compiles each program once and runs it once: XLA's backend optimisations cost
+# more than they save (ResNet-18: 3.3 s to compile at the default level, 1.2 s at 0, same numbers).
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+class ProofReport(ParityReport):
+    """A ParityReport of the float64 check with the float32 figure of each row beside it."""
+
+    def __init__(self, rows, atol, rtol, float32, precision: str, notes=()):
+        super().__init__(rows, False, atol, rtol)
+        self.float32 = float32  # per row: (max_abs, max_rel) or None
+        self.precision = precision  # 'float64' (the proof) or 'float32' (when float64 could not run)
+        self.notes = list(notes)
+
+    @property
+    def max_abs(self) -> float:
+        return max((r.max_abs for r in self.rows if r.phase == "output"), default=0.0)
+
+    @property
+    def max_abs_float32(self) -> float:
+        return max((f[0] for r, f in zip(self.rows, self.float32) if f and r.phase == "output"), default=0.0)
+
+    def headline(self) -> str:
+        first = self.first_divergence
+        checked = sum(1 for r in self.rows if r.phase == "forward")
+        if first is None:
+            return (f"parity ({self.precision}, eval mode): OK, {checked} submodule outputs and "
+                    f"{len(self.rows) - checked} model outputs; largest output difference "
+                    f"{self.max_abs:.2g} ({self.precision}), {self.max_abs_float32:.2g} (float32)")
+        return (f"parity ({self.precision}, eval mode): FAILED, first divergence at {first.torch_name!r} "
+                f"(max |diff| {first.max_abs:.3g}, {first.note or 'over tolerance'})")
+
+    def __str__(self) -> str:
+        first = self.first_divergence
+        table = [("#", "torch", "jax", "shape", f"max_abs {self.precision}", "rel", "max_abs float32", "")]
+        for i, (r, f) in enumerate(zip(self.rows, self.float32)):
+            status = "ok" if r.ok else ("FAIL <- first" if r is first else "FAIL")
+            table.append((str(i), r.torch_name, r.flax_name, "x".join(map(str, r.shape or ())), f"{r.max_abs:.3g}",
+                          f"{r.max_rel:.3g}", f"{f[0]:.3g}" if f else "-", status + (f" ({r.note})" if r.note else "")))
+        widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+        return "\n".join([self.headline()] + lines)
+
+
+def prove(t, module, atol: float = ATOL, rtol: float = RTOL) -> ProofReport:
+    """Run the proof for Translation t of torch `module` (see module docstring)."""
+    notes = []
+    rows32 = run_side(t, module, "float32", atol, rtol)
+    rows64 = None
+    if t.plan.f64 is not None:
+        try:
+            rows64 = run_side(t, module, "float64", atol, rtol)
+        except Exception as e:  # noqa: BLE001 - a model that cannot run in double: report float32 only
+            notes.append(f"float64 could not run ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+                         "checked in float32")
+    if rows64 is None:
+        if t.plan.f64 is None:
+            notes.append("the model could not be exported in float64; checked in float32")
+        return ProofReport(rows32, atol, rtol, [(r.max_abs, r.max_rel) for r in rows32], "float32", notes)
+    f32 = {(r.phase, r.torch_name): (r.max_abs, r.max_rel) for r in rows32}
+    return ProofReport(rows64, atol, rtol, [f32.get((r.phase, r.torch_name)) for r in rows64], "float64", notes)
+
+
+def run_side(t, module, precision: str, atol, rtol) -> list:
+    """Rows comparing torch and JAX in one precision (eval mode)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    f64 = precision == "float64"
+    plan = t.plan
+    capture = plan.f64 if f64 else plan.captures.get("eval") or next(iter(plan.captures.values()))
+    dtype = torch.float64 if f64 else None
+    args = [_cast(a, dtype) for a in t.example_args]
+    kwargs = {k: _cast(v, dtype) for k, v in t.example_kwargs.items()}
+    env = _interpret(capture, args, kwargs)
+    torch_module = copy.deepcopy(module).eval()
+    if f64:
+        torch_module = torch_module.double()
+    with _torch_precision(), torch.no_grad():
+        torch_out = torch_module(*args, **kwargs)
+    torch_leaves = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
+
+    x64 = jax.enable_x64(True) if f64 else contextlib.nullcontext()
+    with x64, jax.default_matmul_precision("highest"):
+        model = t.new_model(dtype=jnp.float64 if f64 else None)
+        model.eval()
+        inputs = _jax_arguments(t, dtype)
+        records, jax_out = _run_recorded(t, model, inputs)
+        records = [(path, [np.asarray(a) for a in _leaves(out)]) for path, out in records]
+        jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
+
+    rows = []
+    calls: dict = {}
+    for path, values in records:
+        calls.setdefault(path, []).append(values)
+    for frame in _postorder(capture.root):
+        if frame.parent is None or plan.kind(frame.path) not in ("layer", "generated", "sequential"):
+            continue
+        jax_calls = calls.get(frame.path, [])
+        if frame.call_index >= len(jax_calls):
+            continue
+        values = _frame_values(plan, frame, jax_calls[frame.call_index])
+        outputs = plan.io(frame)[1]
+        flax_name = "/".join(str(p) for p in plan.nnx_path(frame.path))
+        for i, node in enumerate(outputs):
+            name = frame.name + ("" if len(outputs) == 1 else f"[{i}]")
+            t_val = env.get(node.name)
+            if t_val is None or i >= len(values) or values[i] is None:
+                continue
+            value = values[i]
+            if plan.layout_by_name(node.name) == "last":  # kept channels-last inside (--layout nhwc)
+                value = np.moveaxis(value, -1, 1)
+            rows.append(_row("forward", name, flax_name, t_val, value, atol, rtol))
+    if len(torch_leaves) != len(jax_leaves):
+        rows.append(Row("output", "output", "output", None, math.inf, math.inf, False,
+                        f"torch returns {len(torch_leaves)} arrays, the translation {len(jax_leaves)}"))
+    else:
+        for i, (a, b) in enumerate(zip(torch_leaves, jax_leaves)):
+            name = "output" if len(torch_leaves) == 1 else f"output[{i}]"
+            rows.append(_row("output", name, name, a, b, atol, rtol))
+    return rows
+
+
+def _row(phase, tname, fname, t, f, atol, rtol) -> Row:
+    t, f = np.asarray(t), np.asarray(f)
+    if t.shape != f.shape:
+        return Row(phase, tname, fname, tuple(f.shape), math.inf, math.inf, False,
+                   f"shape: torch {tuple(t.shape)} vs jax {tuple(f.shape)}")
+    if t.dtype == bool or np.issubdtype(t.dtype, np.integer):
+        same = bool(np.array_equal(t, f))
+        return Row(phase, tname, fname, tuple(f.shape), 0.0 if same else math.inf, 0.0 if same else math.inf, same,
+                   "" if same else "integer values differ")
+    return Row(phase, tname, fname, tuple(f.shape), *compare(t, f, atol, rtol))
+
+
+def _frame_values(plan, frame, values) -> list:
+    """The JAX leaves of a call, aligned with the frame's output nodes."""
+    spec = plan._specs.get(frame.path)
+    outputs = plan.io(frame)[1]
+    if spec is not None and spec.core:
+        order = {0: [0], 1: [1], 2: [2]}  # leaves of (out, (h, c)) / (out, h): in core-op order
+        out = []
+        for node in outputs:
+            idx = node.args[1] if "getitem" in str(node.target) else 0
+            out.append(values[order[idx][0]] if idx < len(values) else None)
+        return out
+    return values
+
+
+def _leaves_like(out, torch_out) -> list:
+    """The JAX output's arrays in the order torch's output flattens (JAX sorts dict keys)."""
+    import jax
+
+    if isinstance(out, dict) and hasattr(torch_out, "keys"):
+        return [a for k in torch_out.keys() if k in out for a in _leaves_like(out[k], torch_out[k])]
+    if isinstance(out, (tuple, list)) and hasattr(torch_out, "to_tuple"):
+        torch_out = torch_out.to_tuple()
+    if isinstance(out, (tuple, list)) and isinstance(torch_out, (tuple, list)) and len(out) == len(torch_out):
+        return [a for o, t in zip(out, torch_out) for a in _leaves_like(o, t)]
+    return jax.tree.leaves(out)
+
+
+def _leaves(out) -> list:
+    import jax
+
+    return jax.tree.leaves(out)
+
+
+def _run_recorded(t, model, inputs):
+    """(records [(torch module path, output)], model output): every translated call recorded,
+    in one jitted call (one compile instead of one per op)."""
+    import jax
+    from flax import nnx
+
+    plan = t.plan
+    classes = {type(model)}
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Module):
+            classes.add(type(node))
+    owners = {next((k for k in c.__mro__ if "__call__" in vars(k)), None) for c in classes} - {None}
+    graphdef, state = nnx.split(model)
+    paths = []
+
+    def run(state, xs):
+        m = nnx.merge(graphdef, state)
+        ids = {id(obj): path for obj, path in _objects(m, plan).items()}
+        records = []
+        saved = {}
+        for cls in owners:
+            original = vars(cls)["__call__"]
+
+            def wrapper(self, *a, _original=original, **k):
+                out = _original(self, *a, **k)
+                path = ids.get(id(self))
+                if path is not None:
+                    records.append((path, out))
+                return out
+
+            saved[cls] = original
+            cls.__call__ = wrapper
+        try:
+            out = m(*xs)
+        finally:
+            for cls, original in saved.items():
+                cls.__call__ = original
+        paths[:] = [p for p, _ in records]
+        return out, [r for _, r in records]
+
+    out, values = jax.jit(run, compiler_options=FAST_COMPILE)(state, list(inputs))
+    return list(zip(paths, values)), out
+
+
+def _objects(model, plan) -> dict:
+    """{module object: torch path} for every recorded (layer, generated, sequential) module."""
+    from flax import nnx
+
+    out = {}
+    for path, kind in plan._kinds.items():
+        if not path or kind not in ("layer", "generated", "sequential"):
+            continue
+        obj = model
+        try:
+            for part in plan.nnx_path(path):
+                obj = obj[part] if isinstance(part, int) or isinstance(obj, (nnx.List, nnx.Dict)) else getattr(obj, part)
+        except (AttributeError, IndexError, KeyError, TypeError):
+            continue
+        out[obj] = path
+    return out
+
+
+def _jax_arguments(t, dtype) -> list:
+    """The translated model's positional arguments: the example's, as JAX arrays (cast when dtype)."""
+    import jax.numpy as jnp
+    import torch
+    from torch.utils import _pytree
+
+    def convert(leaf):
+        return jnp.asarray(_np(_cast(leaf, dtype))) if torch.is_tensor(leaf) else leaf
+
+    out = []
+    for value in t.call_arguments:
+        if hasattr(value, "to_tuple"):  # a HF ModelOutput: the translation reads it as a tuple
+            value = value.to_tuple()
+        out.append(_pytree.tree_map(convert, value))
+    return out
+
+
+def _interpret(capture, args, kwargs) -> dict:
+    """{node name: NumPy value} of the captured graph run by torch on the inputs."""
+    import torch
+    import torch.fx
+    from torch.utils import _pytree
+
+    module = capture.module
+    params = dict(module.named_parameters(remove_duplicate=False))  # tied weights: every name
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    from flaxport.translate.capture import signature_arguments
+
+    flat_inputs = [leaf for _, value in signature_arguments(module, args, kwargs)
+                   for leaf in _pytree.tree_leaves(value) if torch.is_tensor(leaf)]
+    values = []
+    for node in capture.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        ph = capture.placeholders[node]
+        if ph.kind == "param":
+            values.append(params[ph.target].detach())
+        elif ph.kind == "buffer":
+            values.append(buffers[ph.target].detach().clone())
+        elif ph.kind == "constant":
+            values.append(ph.value.clone() if torch.is_tensor(ph.value) else ph.value)
+        elif ph.kind == "literal":
+            values.append(ph.value)
+        else:
+            values.append(flat_inputs[ph.index])
+    env = {}
+
+    views = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+
+    class Recorder(torch.fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            if target in views:  # the capture dropped torch's contiguous() calls
+                target = torch.ops.aten.reshape.default
+            return super().call_function(target, args, kwargs)
+
+        def run_node(self, n):
+            result = super().run_node(n)
+            if torch.is_tensor(result):
+                env[n.name] = result.detach().numpy().copy()
+            return result
+
+    gm = capture.program.graph_module
+    with _torch_precision(), torch.no_grad():
+        Recorder(gm, graph=capture.graph).run(*values)
+    return env
+
+
+@contextlib.contextmanager
+def _torch_precision():
+    from flaxport.port.parity import _TorchPrecision
+
+    with _TorchPrecision():
+        yield
+
+
+def _postorder(frame):
+    for child in frame.children:
+        yield from _postorder(child)
+    yield frame
+
+
+def _cast(v, dtype):
+    import torch
+
+    if dtype is not None and torch.is_tensor(v) and v.is_floating_point():
+        return v.to(dtype)
+    return v
+
+
+def _np(v):
+    return v.detach().numpy() if hasattr(v, "detach") else np.asarray(v)
+
+
+def markdown(t) -> str:
+    """parity.md: what was checked, how, and every row."""
+    import jax
+    import torch
+
+    r = t.report
+    lines = [f"# Parity: {t.torch_class.__name__} -> {t.root_class} (Flax NNX)", ""]
+    if r is None:
+        return "\n".join(lines + ["Not checked (translate ran with check=False).", ""])
+    lines += [f"**{r.headline()}**", "",
+              f"Eval mode, the example inputs ({', '.join(_shape_text(a) for a in t.example_args)}); "
+              f"both sides in {r.precision} (jax x64, torch `.double()`), float32 beside it. "
+              f"A row passes when max|torch - jax| <= {r.atol:g} + {r.rtol:g} x max|torch|. "
+              "torch's values at each submodule boundary come from its own ATen kernels on the captured graph; "
+              "the outputs from running the torch module.", "",
+              f"torch {torch.__version__}, jax {jax.__version__}.", ""]
+    lines += [f"Note: {n}" for n in r.notes + t.notes]
+    lines += ["", f"| # | torch module | jax module | shape | max abs ({r.precision}) | rel | max abs (float32) | |",
+              "|---|---|---|---|---|---|---|---|"]
+    first = r.first_divergence
+    for i, (row, f) in enumerate(zip(r.rows, r.float32)):
+        status = "ok" if row.ok else ("**FAIL, first**" if row is first else "FAIL")
+        lines.append(f"| {i} | `{row.torch_name}` | `{row.flax_name}` | {'x'.join(map(str, row.shape or ()))} | "
+                     f"{row.max_abs:.2e} | {row.max_rel:.2e} | {f[0]:.2e} | {status}"
+                     + (f" ({row.note})" if row.note else "") + " |" if f else
+                     f"| {i} | `{row.torch_name}` | `{row.flax_name}` | {'x'.join(map(str, row.shape or ()))} | "
+                     f"{row.max_abs:.2e} | {row.max_rel:.2e} | - | {status} |")
+    return "\n".join(lines) + "\n"
+
+
+def _shape_text(a) -> str:
+    return f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}" if hasattr(a, "shape") else repr(a)
+
+
+# --------------------------------------------------------------------------- train mode
+def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol: float = RTOL) -> ParityReport:
+    """One train-mode forward on both sides from the same state, dropout off on both (torch's
+    dropout probabilities set to 0, the translation's nnx.Dropout made deterministic):
+    the outputs, then every buffer torch updated (BatchNorm running statistics and
+    num_batches_tracked) against the translation's. -> ParityReport(train=True)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    f64 = precision == "float64"
+    dtype = torch.float64 if f64 else None
+    args = [_cast(a, dtype) for a in t.example_args]
+    kwargs = {k: _cast(v, dtype) for k, v in t.example_kwargs.items()}
+    torch_module = copy.deepcopy(module).train()
+    if f64:
+        torch_module = torch_module.double()
+    before = {k: v.detach().clone() for k, v in torch_module.state_dict().items()}
+    with _torch_precision(), torch.no_grad(), _torch_dropout_off(torch_module):
+        torch_out = torch_module(*args, **kwargs)
+    torch_leaves = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
+    after = torch_module.state_dict()
+    changed = [k for k in after if not torch.equal(after[k], before[k])]
+
+    x64 = jax.enable_x64(True) if f64 else contextlib.nullcontext()
+    with x64, jax.default_matmul_precision("highest"):
+        model = t.new_model(dtype=jnp.float64 if f64 else None)
+        model.train()
+        model.set_attributes(nnx.Dropout, deterministic=True, raise_if_not_found=False)
+        inputs = _jax_arguments(t, dtype)
+        graphdef, state = nnx.split(model)
+
+        def step(state, xs):
+            m = nnx.merge(graphdef, state)
+            return m(*xs), nnx.state(m)
+
+        jax_out, state = jax.jit(step, compiler_options=FAST_COMPILE)(state, inputs)
+        nnx.update(model, state)
+        jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
+        saved = _state_dict_of(t, model)
+    rows = []
+    for i, (a, b) in enumerate(zip(torch_leaves, jax_leaves)):
+        rows.append(_row("output", f"output[{i}]" if len(torch_leaves) > 1 else "output", "output", a, b, atol, rtol))
+    if len(torch_leaves) != len(jax_leaves):
+        rows.append(Row("output", "output", "output", None, math.inf, math.inf, False,
+                        f"torch returns {len(torch_leaves)} arrays, the translation {len(jax_leaves)}"))
+    for k in changed:
+        if k not in saved:
+            rows.append(Row("running_stats", k, "-", None, math.inf, math.inf, False, "no translated variable"))
+            continue
+        rows.append(_row("running_stats", k, "/".join(map(str, t.names[k])), after[k].numpy(), saved[k], atol, rtol))
+    return ParityReport(rows, True, atol, rtol)
+
+
+def _state_dict_of(t, model) -> dict:
+    from flax import nnx
+
+    flat = dict(nnx.to_flat_state(nnx.state(model)))
+    return {name: np.asarray(flat[path].get_value()) for name, path in t.names.items() if path in flat}
+
+
+@contextlib.contextmanager
+def _torch_dropout_off(module):
+    """Dropout probabilities 0 for the duration: modules' p, RNN inter-layer dropout, and the
+    functional forms (F.dropout, scaled_dot_product_attention's dropout_p) forward code calls."""
+    import torch
+    import torch.nn.functional as F
+
+    saved_p = []
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            saved_p.append((m, "p", m.p))
+            m.p = 0.0
+        elif isinstance(m, torch.nn.RNNBase):
+            saved_p.append((m, "dropout", m.dropout))
+            m.dropout = 0.0
+        elif isinstance(m, torch.nn.MultiheadAttention):
+            saved_p.append((m, "dropout", m.dropout))
+            m.dropout = 0.0
+    sdpa, dropout = F.scaled_dot_product_attention, F.dropout
+
+    def no_dropout_sdpa(*a, **k):
+        if len(a) > 4:  # (query, key, value, attn_mask, dropout_p, ...)
+            a = a[:4] + (0.0,) + a[5:]
+        else:
+            k["dropout_p"] = 0.0
+        return sdpa(*a, **k)
+
+    F.scaled_dot_product_attention = no_dropout_sdpa
+    F.dropout = lambda x, p=0.5, training=True, inplace=False: x
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, F.dropout = sdpa, dropout
+        for m, attr, value in saved_p:
+            setattr(m, attr, value)

@@ -1,0 +1,355 @@
+"""torch's functional ops in JAX, written to be copied into a generated model file.
+
+Every function here imports only jax, jax.numpy, numpy and math (the generated file's
+imports), works on torch's layout (N, C, *spatial) and takes torch's arguments, so the
+translation of `F.max_pool2d(x, 3, 2, 1, ceil_mode=True)` reads `max_pool(x, (3, 3),
+(2, 2), (1, 1), ceil_mode=True)`. The emitter copies the source of the ones a model uses
+(`inspect.getsource`), so what is tested here is what the user gets.
+
+Numerics follow torch's CPU kernels (docs/porting.md): explicit padding per side, pooling
+windows with `ceil_mode` and `count_include_pad`, interpolation source indices computed
+as torch computes them, two-pass (biased) variances for the norms.
+"""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, channels_last=False):
+    """torch's conv1d/2d/3d: x (N, C, *S), weight (O, C/groups, *K) -> (N, O, *S').
+
+    channels_last: x and the result are (N, *S, C) (the weight keeps torch's layout).
+    """
+    n = weight.ndim - 2
+    stride, dilation = _tuple(stride, n), _tuple(dilation, n)
+    if isinstance(padding, str):  # 'valid' / 'same' (stride 1): torch puts the odd cell at the end
+        total = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+        padding = [(0, 0)] * n if padding == "valid" else [(t // 2, t - t // 2) for t in total]
+    else:
+        padding = [(p, p) for p in _tuple(padding, n)]
+    spatial = "DHW"[-n:] if n <= 3 else None
+    if channels_last:
+        y = lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
+                                     dimension_numbers=("N" + spatial + "C", "OI" + spatial, "N" + spatial + "C"))
+        return y if bias is None else y + bias
+    y = lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
+                                 dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial))
+    return y if bias is None else y + bias.reshape((-1,) + (1,) * n)
+
+
+def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
+                   channels_last=False):
+    """torch's conv_transpose1d/2d/3d: weight (C, O/groups, *K), the gradient of a conv.
+
+    A dilated conv with the kernel flipped in space and its in/out axes swapped per group
+    (docs/porting.md, entry 7); padding d(k-1)-p per side plus output_padding at the end.
+    """
+    n = weight.ndim - 2
+    stride, padding, dilation = _tuple(stride, n), _tuple(padding, n), _tuple(dilation, n)
+    output_padding = _tuple(output_padding, n)
+    c, o = weight.shape[0], weight.shape[1]
+    w = weight.reshape((groups, c // groups, o) + weight.shape[2:])
+    w = jnp.swapaxes(w, 1, 2).reshape((groups * o, c // groups) + weight.shape[2:])
+    w = jnp.flip(w, axis=tuple(range(2, n + 2)))
+    pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
+            for d, k, p, op in zip(dilation, weight.shape[2:], padding, output_padding)]
+    spatial = "DHW"[-n:]
+    layout = "N" + spatial + "C" if channels_last else "NC" + spatial
+    y = lax.conv_general_dilated(x, w, (1,) * n, pads, lhs_dilation=stride, rhs_dilation=dilation,
+                                 feature_group_count=groups, dimension_numbers=(layout, "OI" + spatial, layout))
+    if bias is None:
+        return y
+    return y + bias if channels_last else y + bias.reshape((-1,) + (1,) * n)
+
+
+def _spatial(x, n, channels_last):
+    """Positions of the n spatial axes: the trailing ones, or before the channels (channels_last)."""
+    end = x.ndim - 1 if channels_last else x.ndim
+    return list(range(end - n, end))
+
+
+def _window(x, axes, values, fill):
+    out = [fill] * x.ndim
+    for a, v in zip(axes, values):
+        out[a] = v
+    return out
+
+
+def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, channels_last=False):
+    """torch's max_pool1d/2d/3d over the spatial axes (padding counts as -inf)."""
+    n = len(kernel_size)
+    stride = _tuple(stride or kernel_size, n)
+    padding, dilation = _tuple(padding, n), _tuple(dilation, n)
+    axes = _spatial(x, n, channels_last)
+    pads = [(p, p + _ceil_extra(x.shape[a], k, s, p, d, ceil_mode))
+            for a, k, s, p, d in zip(axes, kernel_size, stride, padding, dilation)]
+    # a NumPy init value: concrete under jit too, so JAX sees a max-pool it can differentiate
+    lowest = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min, x.dtype)
+    return lax.reduce_window(x, lowest, lax.max, _window(x, axes, kernel_size, 1), _window(x, axes, stride, 1),
+                             _window(x, axes, pads, (0, 0)), window_dilation=_window(x, axes, dilation, 1))
+
+
+def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None,
+             channels_last=False):
+    """torch's avg_pool1d/2d/3d: windows divided as torch divides them.
+
+    count_include_pad counts the zero padding but never the cells ceil_mode adds past it;
+    without it only real cells count. divisor_override replaces the count.
+    """
+    n = len(kernel_size)
+    stride, padding = _tuple(stride or kernel_size, n), _tuple(padding, n)
+    axes = _spatial(x, n, channels_last)
+    sizes = [x.shape[a] for a in axes]
+    extras = [_ceil_extra(size, k, s, p, 1, ceil_mode) for size, k, s, p in zip(sizes, kernel_size, stride, padding)]
+    pads = _window(x, axes, [(p, p + e) for p, e in zip(padding, extras)], (0, 0))
+    total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, _window(x, axes, kernel_size, 1),
+                              _window(x, axes, stride, 1), pads)
+    if divisor_override:
+        return total / divisor_override
+    # The divisor of every window, from a ones-array the size of what it may count.
+    if count_include_pad:
+        ones = np.pad(np.ones([s + 2 * p for s, p in zip(sizes, padding)]), [(0, e) for e in extras])
+    else:
+        ones = np.pad(np.ones(sizes), [(p, p + e) for p, e in zip(padding, extras)])
+    counts = _window_sums(ones, kernel_size, stride)
+    if channels_last:
+        counts = counts[..., None]
+    return total / jnp.asarray(counts, x.dtype)
+
+
+def _window_sums(a, kernel_size, stride):
+    """Sums of the (already padded) NumPy array `a` over pooling windows, computed at trace time."""
+    out = a
+    for axis, (k, s) in enumerate(zip(kernel_size, stride)):
+        m = (out.shape[axis] - k) // s + 1
+        out = np.stack([np.take(out, range(i * s, i * s + k), axis=axis).sum(axis=axis) for i in range(m)], axis=axis)
+    return out
+
+
+def _ceil_extra(size, k, s, p, d, ceil_mode):
+    """Cells ceil_mode adds past the high padding so the last partial window exists (torch's rule:
+    a window must start inside the input or the left padding)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    out = -(-span // s) + 1 if ceil_mode else span // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))
+
+
+def adaptive_avg_pool(x, output_size, channels_last=False):
+    """torch's adaptive_avg_pool1d/2d/3d: window i spans [floor(i L / out), ceil((i + 1) L / out))."""
+    return _adaptive(x, output_size, jnp.mean, channels_last)
+
+
+def adaptive_max_pool(x, output_size, channels_last=False):
+    """torch's adaptive_max_pool1d/2d/3d (values only)."""
+    return _adaptive(x, output_size, jnp.max, channels_last)
+
+
+def _adaptive(x, output_size, reduce, channels_last=False):
+    n = len(output_size)
+    for i, out in enumerate(output_size):
+        axis = _spatial(x, n, channels_last)[i]
+        size = x.shape[axis]
+        out = size if out is None else out
+        if size % out == 0:  # equal windows: one reshape and one reduction
+            x = reduce(x.reshape(x.shape[:axis] + (out, size // out) + x.shape[axis + 1:]), axis=axis + 1)
+            continue
+        parts = [reduce(lax.slice_in_dim(x, (j * size) // out, -(-((j + 1) * size) // out), axis=axis), axis=axis,
+                        keepdims=True) for j in range(out)]
+        x = jnp.concatenate(parts, axis=axis)
+    return x
+
+
+def _output_size(x, size, scale_factor, channels_last=False):
+    """F.interpolate's output size: `size`, or floor(input size * scale_factor) per spatial axis."""
+    if size is not None:
+        return tuple(size)
+    n = len(scale_factor)
+    return tuple(int(math.floor(x.shape[a] * f)) for a, f in zip(_spatial(x, n, channels_last), scale_factor))
+
+
+def interpolate_nearest(x, size=None, scale_factor=None, exact=False, channels_last=False):
+    """torch's F.interpolate(mode='nearest') (or 'nearest-exact' when exact) on (N, C, *spatial).
+
+    torch reads source index floor(dst * scale) with scale = 1 / scale_factor when a scale
+    factor was given, else in / out, computed in float32.
+    """
+    output_size = _output_size(x, size, scale_factor, channels_last)
+    n = len(output_size)
+    for i, out in enumerate(output_size):
+        axis = _spatial(x, n, channels_last)[i]
+        size_in = x.shape[axis]
+        scale = np.float32(1.0 / scale_factor[i]) if scale_factor else np.float32(size_in / out)
+        dst = np.arange(out, dtype=np.float32) + (np.float32(0.5) if exact else np.float32(0))
+        src = np.minimum(np.floor(dst * scale).astype(np.int64), size_in - 1)
+        x = jnp.take(x, jnp.asarray(src), axis=axis)
+    return x
+
+
+def interpolate_linear(x, size=None, scale_factor=None, align_corners=False, channels_last=False):
+    """torch's F.interpolate(mode='linear' / 'bilinear' / 'trilinear'): separable linear interpolation.
+
+    Source coordinate (dst + 0.5) * scale - 0.5, clamped at 0 (align_corners=False), or
+    dst * (in - 1) / (out - 1) (align_corners=True); scale = 1 / scale_factor when given.
+    """
+    output_size = _output_size(x, size, scale_factor, channels_last)
+    n = len(output_size)
+    for i, out in enumerate(output_size):
+        axis = _spatial(x, n, channels_last)[i]
+        size = x.shape[axis]
+        dst = np.arange(out, dtype=np.float64)
+        if align_corners:
+            src = dst * ((size - 1) / (out - 1) if out > 1 else 0.0)
+        else:
+            scale = 1.0 / scale_factor[i] if scale_factor else size / out
+            src = np.maximum((dst + 0.5) * scale - 0.5, 0.0)
+        lo = np.minimum(np.floor(src).astype(np.int64), size - 1)
+        hi = np.minimum(lo + 1, size - 1)
+        frac = (src - lo).reshape((-1,) + (1,) * (x.ndim - axis - 1))
+        frac = jnp.asarray(frac, x.dtype)
+        x = jnp.take(x, jnp.asarray(lo), axis=axis) * (1 - frac) + jnp.take(x, jnp.asarray(hi), axis=axis) * frac
+    return x
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """torch's layer_norm over the trailing len(normalized_shape) axes, two-pass biased variance."""
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    y = (x - mean) * lax.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    return y if bias is None else y + bias
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, channels_last=False):
+    """torch's group_norm: x (N, C, *S), statistics per (sample, group of C / num_groups channels)."""
+    if channels_last:  # (N, *S, C): groups are blocks of consecutive channels, as in torch
+        g = x.reshape(x.shape[:-1] + (num_groups, -1))
+        axes = tuple(range(1, x.ndim - 1)) + (x.ndim,)
+        mean = jnp.mean(g, axis=axes, keepdims=True)
+        var = jnp.mean(jnp.square(g - mean), axis=axes, keepdims=True)
+        y = ((g - mean) * lax.rsqrt(var + eps)).reshape(x.shape)
+        y = y if weight is None else y * weight
+        return y if bias is None else y + bias
+    n, c = x.shape[:2]
+    g = x.reshape((n, num_groups, -1))
+    mean = jnp.mean(g, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(g - mean), axis=-1, keepdims=True)
+    y = ((g - mean) * lax.rsqrt(var + eps)).reshape(x.shape)
+    channel = (-1,) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        y = y * weight.reshape(channel)
+    return y if bias is None else y + bias.reshape(channel)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                                 dropout=None):
+    """torch's F.scaled_dot_product_attention: (..., L, E) x (..., S, E) -> (..., L, Ev).
+
+    A boolean mask keeps where True; a float mask is added to the scores; is_causal keeps
+    the lower triangle. `dropout` (an nnx.Dropout, off in eval mode) drops attention weights
+    where torch's dropout_p does.
+    """
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if enable_gqa:
+        repeat = query.shape[-3] // key.shape[-3]
+        key, value = jnp.repeat(key, repeat, axis=-3), jnp.repeat(value, repeat, axis=-3)
+    scores = (query @ jnp.swapaxes(key, -1, -2)) * scale
+    if is_causal:
+        causal = jnp.tril(jnp.ones((query.shape[-2], key.shape[-2]), bool))
+        scores = jnp.where(causal, scores, -jnp.inf)
+    if attn_mask is not None:
+        scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == bool else scores + attn_mask
+    weights = jax.nn.softmax(scores, axis=-1)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ value
+
+
+def pixel_shuffle(x, upscale_factor):
+    """torch's pixel_shuffle: (N, C r^2, H, W) -> (N, C, H r, W r)."""
+    n, c, h, w = x.shape
+    r = upscale_factor
+    x = x.reshape(n, c // (r * r), r, r, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return x.reshape(n, c // (r * r), h * r, w * r)
+
+
+def _tuple(v, n):
+    return tuple(v) * (n if len(tuple(v)) == 1 else 1) if isinstance(v, (tuple, list)) else (v,) * n
+
+
+def _reduce(loss, reduction):
+    """torch's reduction enum (0 none, 1 mean, 2 sum) or name."""
+    reduction = {0: "none", 1: "mean", 2: "sum"}.get(reduction, reduction)
+    return loss if reduction == "none" else (jnp.mean(loss) if reduction == "mean" else jnp.sum(loss))
+
+
+def nll_loss(log_probs, target, weight=None, reduction="mean", ignore_index=-100):
+    """torch's nll_loss: log_probs (N, C, *d) or (C,), target (N, *d) class ids.
+
+    The mean divides by the summed weights of the targets that are not ignore_index.
+    """
+    class_axis = 1 if log_probs.ndim > 1 else 0
+    keep = target != ignore_index
+    safe = jnp.where(keep, target, 0)
+    picked = jnp.take_along_axis(log_probs, jnp.expand_dims(safe, class_axis), axis=class_axis)
+    picked = jnp.squeeze(picked, class_axis)
+    w = jnp.where(keep, 1.0 if weight is None else weight[safe], 0.0).astype(log_probs.dtype)
+    loss = -picked * w
+    reduction = {0: "none", 1: "mean", 2: "sum"}.get(reduction, reduction)
+    if reduction == "mean":
+        return jnp.sum(loss) / jnp.sum(w)
+    return _reduce(loss, reduction)
+
+
+def cross_entropy(logits, target, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0):
+    """torch's F.cross_entropy with class-id targets (log_softmax over axis 1, then nll_loss),
+    or class-probability targets when target has the logits' shape."""
+    class_axis = 1 if logits.ndim > 1 else 0
+    log_probs = jax.nn.log_softmax(logits, axis=class_axis)
+    classes = logits.shape[class_axis]
+    if target.shape == logits.shape:  # probabilities
+        probs = target * (1 - label_smoothing) + label_smoothing / classes
+        w = 1.0 if weight is None else weight.reshape((-1,) + (1,) * (logits.ndim - class_axis - 1))
+        loss = -jnp.sum(probs * log_probs * w, axis=class_axis)
+        reduction = {0: "none", 1: "mean", 2: "sum"}.get(reduction, reduction)
+        return jnp.mean(loss) if reduction == "mean" else _reduce(loss, reduction)
+    loss = nll_loss(log_probs, target, weight, reduction, ignore_index)
+    if label_smoothing == 0.0:
+        return loss
+    # torch: (1 - s) * nll + s * (the mean over classes of -log p, weighted), same reduction
+    keep = target != ignore_index
+    w = 1.0 if weight is None else weight.reshape((-1,) + (1,) * (logits.ndim - class_axis - 1))
+    smooth = jnp.where(keep, -jnp.sum(log_probs * w, axis=class_axis), 0.0)
+    reduction = {0: "none", 1: "mean", 2: "sum"}.get(reduction, reduction)
+    if reduction == "mean":
+        denom = jnp.sum(keep) if weight is None else jnp.sum(jnp.where(keep, weight[jnp.where(keep, target, 0)], 0))
+        smooth = jnp.sum(smooth) / denom
+    else:
+        smooth = _reduce(smooth, reduction)
+    return (1 - label_smoothing) * loss + label_smoothing / classes * smooth
+
+
+def binary_cross_entropy_with_logits(logits, target, weight=None, pos_weight=None, reduction="mean"):
+    """torch's stable form: (1 - y) x + (1 + (p - 1) y) (log1p(exp(-|x|)) + max(-x, 0)) (docs/porting.md, entry 18)."""
+    if pos_weight is None:
+        loss = (1 - target) * logits + jax.nn.softplus(-logits)
+    else:
+        log_weight = 1 + (pos_weight - 1) * target
+        loss = (1 - target) * logits + log_weight * (jnp.log1p(jnp.exp(-jnp.abs(logits))) + jnp.maximum(-logits, 0))
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def binary_cross_entropy(probs, target, weight=None, reduction="mean"):
+    """torch's binary_cross_entropy: logs clamped at -100, as torch does."""
+    loss = -(target * jnp.maximum(jnp.log(probs), -100) + (1 - target) * jnp.maximum(jnp.log1p(-probs), -100))
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)

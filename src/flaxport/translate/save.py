@@ -1,0 +1,69 @@
+"""What `Translation.save(directory)` writes: model.py, weights.safetensors, parity.md.
+
+The weights file holds torch's state_dict names, shapes and layouts (plus the buffers
+and constants the forward reads that state_dict leaves out), so torch can read it back
+with `safetensors.torch.load_file`; its metadata maps every name to the NNX variable it
+fills (`nnx_paths`) and records the train/eval mode. Written here with NumPy alone, read
+by the generated file with NumPy alone. Files are written to a temporary name and moved
+into place, so a crash leaves either the old file or the new one.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+_DTYPES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+           np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16", np.dtype(np.int8): "I8",
+           np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
+_NUMPY = {v: k for k, v in _DTYPES.items()}
+
+
+def write_safetensors(path, arrays: dict, metadata: dict | None = None) -> None:
+    """{name: NumPy array} (C order) -> a .safetensors file; metadata values must be strings."""
+    header, offset, blobs = {}, 0, []
+    for name, a in arrays.items():
+        a = np.asarray(a)
+        a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
+        if a.dtype not in _DTYPES:
+            raise ValueError(f"{name}: dtype {a.dtype} cannot be written to safetensors")
+        blob = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": _DTYPES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    _atomic_write(path, [len(text).to_bytes(8, "little"), text, *blobs])
+
+
+def read_safetensors(path):
+    """({name: NumPy array}, metadata) of a .safetensors file (the reader model.py carries)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        data = f.read()
+    metadata = header.pop("__metadata__", {})
+    arrays = {}
+    for name, info in header.items():
+        start, end = info["data_offsets"]
+        arrays[name] = np.frombuffer(data[start:end], _NUMPY[info["dtype"]]).reshape(info["shape"]).copy()
+    return arrays, metadata
+
+
+def write_text(path, text: str) -> None:
+    _atomic_write(path, [text.encode()])
+
+
+def _atomic_write(path, chunks) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,201 @@
+"""`flaxport translate`: files written, summary, exit codes, one line per user error."""
+import json
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+from flaxport.cli import main  # noqa: E402
+
+MODELS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.conv = nn.Conv2d(c, c, 3, padding=1)
+            self.bn = nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            return x + torch.relu(self.bn(self.conv(x)))
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+            self.blocks = nn.Sequential(Block(8), Block(8))
+            self.head = nn.Linear(8, 5)
+
+        def forward(self, x):
+            h = self.blocks(self.stem(x))
+            return self.head(nn.functional.gelu(8 * h.mean((2, 3))))
+
+
+    def net():
+        torch.manual_seed(0)
+        return Net()
+
+
+    class Det(nn.Module):
+        def forward(self, x):
+            return torch.linalg.det(x)
+
+
+    class Bessel(nn.Module):
+        def forward(self, x):
+            return torch.special.bessel_j0(x)
+
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Det(), Bessel()
+
+        def forward(self, x):
+            return self.a(x) + self.b(x).sum((1, 2)) + self.a(x * 2)
+
+
+    def two():
+        return Two()
+
+
+    class Branch(nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:
+                return x * 2
+            return x
+
+
+    def branch():
+        return Branch()
+
+
+    def broken():
+        raise RuntimeError("needs a GPU")
+''')
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("user")
+    (d / "my_models.py").write_text(MODELS)
+    return d / "my_models.py"
+
+
+def _run(argv, capsys):
+    code = main(["translate", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.slow
+def test_translate_writes_the_files_and_the_summary(models, tmp_path, cli):
+    out = tmp_path / "net"
+    r = cli("translate", f"{models}:net", "--input", "2,3,16,16", "--out", out, "--train")
+    assert r.returncode == 0, r.stderr
+    assert "translated Net: 3 classes (Block, Net" in r.stdout or "translated Net:" in r.stdout
+    assert "parity (float64, eval mode): OK" in r.stdout and "parameters" in r.stdout
+    assert {p.name for p in out.iterdir()} == {"model.py", "weights.safetensors", "parity.md"}
+    from flaxport.translate.save import read_safetensors
+
+    arrays, meta = read_safetensors(out / "weights.safetensors")
+    assert meta["mode"] == "train"  # --train: load() returns the model in train mode
+    assert "blocks.0.bn.num_batches_tracked" in arrays and arrays["blocks.0.bn.num_batches_tracked"].dtype.name == "int64"
+    assert "class Block(nnx.Module):" in (out / "model.py").read_text()
+
+
+def test_weights_are_loaded_without_unpickling_and_must_fit(models, tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("user_models", models)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(1)
+    state = mod.Net().state_dict()
+    torch.save(state, tmp_path / "good.pt")
+    torch.save({"state_dict": {k: v for k, v in state.items() if k != "head.bias"}}, tmp_path / "missing.pt")
+    torch.save({k: (v[:1] if k == "head.weight" else v) for k, v in state.items()}, tmp_path / "shape.pt")
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"weights": Evil()}, tmp_path / "pickle.pt")
+    from flaxport.cli.translate import load_factory, load_weights
+
+    net = load_factory(f"{models}:net")
+    load_weights(net, tmp_path / "good.pt")
+    assert torch.equal(net.head.weight, state["head.weight"])
+    from flaxport.errors import UserError
+
+    with pytest.raises(UserError, match=r"does not fit Net: 1 missing \(head.bias\)"):
+        load_weights(net, tmp_path / "missing.pt")
+    with pytest.raises(UserError, match=r"shape\(s\) differ, e.g. head.weight \(1, 8\) vs \(5, 8\)"):
+        load_weights(net, tmp_path / "shape.pt")
+    with pytest.raises(UserError, match="weights_only"):
+        load_weights(net, tmp_path / "pickle.pt")
+    assert "pwned" not in capsys.readouterr().out
+    from flaxport.translate.save import write_safetensors
+
+    write_safetensors(tmp_path / "w.safetensors", {k: v.numpy() for k, v in state.items()})
+    other = load_factory(f"{models}:net")
+    load_weights(other, tmp_path / "w.safetensors")
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in state.items())
+
+
+def test_every_unsupported_op_is_listed_with_its_module_and_line(models, tmp_path, capsys):
+    code, out, err = _run([f"{models}:two", "--input", "2,3,3", "--out", tmp_path / "two"], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert lines[0] == "flaxport: error: 2 op(s) with no translation:"
+    assert any("aten.linalg_det" in line and "in a " in line and "my_models.py" in line and
+               "return torch.linalg.det(x)" in line for line in lines), err
+    assert any("aten.special_bessel_j0" in line and "in b " in line for line in lines), err
+    assert len(lines) == 3  # `a` is called twice: listed once
+    assert not (tmp_path / "two").exists()
+
+
+def test_user_errors_are_one_line_each(models, tmp_path, capsys):
+    cases = [
+        ([f"{models}:nope", "--input", "2,3", "--out", tmp_path / "o"], "has no 'nope'"),
+        ([f"{tmp_path}/missing.py:net", "--input", "2,3", "--out", tmp_path / "o"], "no such file"),
+        ([f"{models}:broken", "--input", "2,3", "--out", tmp_path / "o"], "calling broken() failed: RuntimeError: needs a GPU"),
+        (["no.such.module:net", "--input", "2,3", "--out", tmp_path / "o"], "cannot import no.such.module"),
+        ([f"{models}:net", "--input", "2,three", "--out", tmp_path / "o"], "comma-separated sizes"),
+        ([f"{models}:net", "--input", "2,3:float8", "--out", tmp_path / "o"], "dtype 'float8'"),
+        ([f"{models}:net", "--out", tmp_path / "o"], "needs --input"),
+        ([f"{models}:net", "--input", "2,3,16,16", "--out", tmp_path / "o", "--weights", tmp_path / "x.pt"],
+         "no such file"),
+        ([f"{models}:branch", "--input", "2,3", "--out", tmp_path / "o"],
+         "forward branches on a tensor's value"),
+        ([f"{models}:net", "--input", "2,3,16", "--out", tmp_path / "o"], "torch.export could not capture the forward"),
+    ]
+    for argv, message in cases:
+        code, out, err = _run(argv, capsys)
+        assert code == 2, (argv, err)
+        assert len(err.strip().splitlines()) == 1 and message in err, (argv, err)
+        assert "Traceback" not in err
+
+
+def test_a_wrong_translation_exits_1_names_the_submodule_and_still_writes_the_files(models, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """Fault injected: GELU translated as jax.nn.gelu's tanh approximation (docs/porting.md, entry 8)."""
+    from flaxport.translate import ops
+    from flaxport.translate.ops import call
+
+    ops._load()
+    monkeypatch.setitem(ops.OPS, "aten.gelu.default", lambda c, node: call("jax.nn.gelu", c.x("self")))
+    out = tmp_path / "wrong"
+    code, stdout, err = _run([f"{models}:net", "--input", "2,3,16,16", "--out", out], capsys)
+    assert code == 1
+    assert "FAILED, first divergence at 'head'" in stdout
+    assert "parity failed: the translation of 'head' computes something else" in err
+    assert {p.name for p in out.iterdir()} == {"model.py", "weights.safetensors", "parity.md"}
+    assert "**FAIL, first**" in (out / "parity.md").read_text()
+    report = json.loads(json.dumps({"ok": False}))
+    assert report["ok"] is False

@@ -1,0 +1,388 @@
+"""Plain-torch models for the translate tests: each factory returns (module, example inputs).
+
+Small widths and resolutions so a translation and its float64 proof take seconds.
+
+  resnet18       torchvision-style ResNet-18 (BasicBlock, downsample, stem max-pool)  (2, 3, 32, 32)
+  mobilenet      a MobileNetV3 inverted-residual block: depthwise conv, Hardswish,
+                 squeeze-excite with AdaptiveAvgPool2d and Hardsigmoid                 (2, 16, 16, 16)
+  transformer    pre-norm encoder: learned positions, nn.MultiheadAttention (key padding
+                 mask off) and F.scaled_dot_product_attention (causal), LayerNorm, GELU,
+                 Dropout                                                               tokens (2, 9)
+  lstm, gru      classifiers: Embedding -> 2-layer bidirectional batch_first RNN -> Linear
+  unet           GroupNorm, SiLU, nearest and bilinear F.interpolate, ConvTranspose2d,
+                 torch.cat skips                                                        (2, 3, 16, 16)
+"""
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# --------------------------------------------------------------------------- ResNet-18
+def conv3x3(in_planes, out_planes, stride=1):
+    return nn.Conv2d(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, bias=False)
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1 = conv3x3(inplanes, planes, stride)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x):
+        identity = x
+        out = self.conv1(x)
+        out = self.bn1(out)
+        out = self.relu(out)
+        out = self.conv2(out)
+        out = self.bn2(out)
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        out = self.relu(out)
+        return out
+
+
+class ResNet(nn.Module):
+    def __init__(self, layers=(2, 2, 2, 2), num_classes=10, width=64):
+        super().__init__()
+        self.inplanes = width
+        self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = self._make_layer(width, layers[0])
+        self.layer2 = self._make_layer(width * 2, layers[1], stride=2)
+        self.layer3 = self._make_layer(width * 4, layers[2], stride=2)
+        self.layer4 = self._make_layer(width * 8, layers[3], stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(width * 8, num_classes)
+
+    def _make_layer(self, planes, blocks, stride=1):
+        downsample = None
+        if stride != 1 or self.inplanes != planes:
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride=stride, bias=False),
+                                       nn.BatchNorm2d(planes))
+        layers = [BasicBlock(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes
+        layers += [BasicBlock(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        x = self.bn1(x)
+        x = self.relu(x)
+        x = self.maxpool(x)
+        x = self.layer1(x)
+        x = self.layer2(x)
+        x = self.layer3(x)
+        x = self.layer4(x)
+        x = self.avgpool(x)
+        x = torch.flatten(x, 1)
+        x = self.fc(x)
+        return x
+
+
+def resnet18(width=8, num_classes=10):
+    return ResNet((2, 2, 2, 2), num_classes=num_classes, width=width)
+
+
+# --------------------------------------------------------------------------- MobileNetV3 block
+class SqueezeExcitation(nn.Module):
+    def __init__(self, channels, squeeze):
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(channels, squeeze, 1)
+        self.fc2 = nn.Conv2d(squeeze, channels, 1)
+        self.activation = nn.ReLU()
+        self.scale_activation = nn.Hardsigmoid()
+
+    def forward(self, x):
+        scale = self.avgpool(x)
+        scale = self.fc2(self.activation(self.fc1(scale)))
+        return x * self.scale_activation(scale)
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin=16, expanded=48, cout=16, kernel=5, stride=1):
+        super().__init__()
+        self.use_res_connect = stride == 1 and cin == cout
+        self.block = nn.Sequential(
+            nn.Conv2d(cin, expanded, 1, bias=False), nn.BatchNorm2d(expanded, eps=1e-3, momentum=0.01), nn.Hardswish(),
+            nn.Conv2d(expanded, expanded, kernel, stride, kernel // 2, groups=expanded, bias=False),
+            nn.BatchNorm2d(expanded, eps=1e-3, momentum=0.01), nn.Hardswish(),
+            SqueezeExcitation(expanded, 16),
+            nn.Conv2d(expanded, cout, 1, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01))
+
+    def forward(self, x):
+        result = self.block(x)
+        if self.use_res_connect:
+            result = result + x
+        return result
+
+
+# --------------------------------------------------------------------------- transformer
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim, heads, dropout):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.dropout = dropout
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        return self.proj(y)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, dim, heads, dropout, causal):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = (CausalSelfAttention(dim, heads, dropout) if causal
+                     else nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True))
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout))
+        self.causal = causal
+
+    def forward(self, x):
+        h = self.norm1(x)
+        if self.causal:
+            x = x + self.attn(h)
+        else:
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab=50, dim=16, heads=2, layers=2, max_len=16, num_classes=5, dropout=0.1):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(1, max_len, dim) * 0.02)
+        self.drop = nn.Dropout(dropout)
+        self.layers = nn.ModuleList([EncoderLayer(dim, heads, dropout, causal=i % 2 == 1) for i in range(layers)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, tokens):
+        x = self.drop(self.tok(tokens) + self.pos[:, :tokens.shape[1]])
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x).mean(dim=1))
+
+
+# --------------------------------------------------------------------------- recurrent
+class RNNClassifier(nn.Module):
+    def __init__(self, cell="lstm", vocab=40, dim=8, hidden=12, num_classes=4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        rnn = nn.LSTM if cell == "lstm" else nn.GRU
+        self.rnn = rnn(dim, hidden, num_layers=2, batch_first=True, bidirectional=True, dropout=0.1)
+        self.fc = nn.Linear(2 * hidden, num_classes)
+
+    def forward(self, tokens):
+        out, _ = self.rnn(self.embed(tokens))
+        return self.fc(out[:, -1])
+
+
+# --------------------------------------------------------------------------- UNet
+class ResBlock(nn.Module):
+    def __init__(self, cin, cout, groups=4):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, cin)
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2 = nn.GroupNorm(groups, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x):
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return h + self.skip(x)
+
+
+class UNet(nn.Module):
+    def __init__(self, channels=3, widths=(8, 16, 32)):
+        super().__init__()
+        self.stem = nn.Conv2d(channels, widths[0], 3, padding=1)
+        self.down1 = ResBlock(widths[0], widths[1])
+        self.down2 = ResBlock(widths[1], widths[2])
+        self.mid = ResBlock(widths[2], widths[2])
+        self.up2 = nn.ConvTranspose2d(widths[2], widths[1], 2, stride=2)
+        self.dec2 = ResBlock(widths[1] + widths[2], widths[1])
+        self.dec1 = ResBlock(widths[1] + widths[0], widths[0])
+        self.out = nn.Conv2d(widths[0], channels, 1)
+
+    def forward(self, x):
+        s0 = self.stem(x)
+        s1 = self.down1(F.avg_pool2d(s0, 2))
+        s2 = self.down2(F.max_pool2d(s1, 2))
+        h = self.mid(s2)
+        h = self.dec2(torch.cat([self.up2(h), F.interpolate(s2, scale_factor=2, mode="nearest")], dim=1))
+        h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)
+        h = self.dec1(torch.cat([h, s0], dim=1))
+        return self.out(h)
+
+
+# --------------------------------------------------------------------------- odds and ends
+class Audio(nn.Module):
+    """Conv1d, InstanceNorm1d (affine), AvgPool1d, a dilated conv, and a dict output."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(1, 8, 5, stride=2, padding=2)
+        self.n = nn.InstanceNorm1d(8, affine=True)
+        self.c2 = nn.Conv1d(8, 8, 3, dilation=2)
+        self.pool = nn.AvgPool1d(3, 2)
+
+    def forward(self, x):
+        feat = self.pool(F.elu(self.c2(F.gelu(self.n(self.c1(x))))))
+        return {"feat": feat.mean(-1), "energy": x.pow(2).sum(-1)}
+
+
+class Seq2Seq(nn.Module):
+    """A GRU encoder whose final state starts the decoder (hx passed in), padding_idx embeddings."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 6, padding_idx=0)
+        self.enc = nn.GRU(6, 8, batch_first=True)
+        self.dec = nn.GRU(6, 8, batch_first=True)
+        self.out = nn.Linear(8, 20)
+
+    def forward(self, src, tgt):
+        _, h = self.enc(self.emb(src))
+        y, _ = self.dec(self.emb(tgt), h)
+        return self.out(y).log_softmax(-1)
+
+
+class Gated(nn.Module):
+    """split into halves, torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4, affine=False)
+        self.conv = nn.Conv2d(4, 16, 3, padding=1, padding_mode="reflect")
+        self.drop = nn.Dropout2d(0.2)
+        self.shuffle = nn.PixelShuffle(2)
+
+    def forward(self, x):
+        a, b = self.conv(self.bn(x)).split(8, 1)
+        h = self.shuffle(self.drop(torch.where(a > 0, a * torch.sigmoid(b), torch.zeros_like(a))))
+        return h.flatten(2).max(-1).values
+
+
+# --------------------------------------------------------------------------- factories
+def randomize_batchnorm(module, seed=0):
+    """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
+    g = torch.Generator().manual_seed(seed)
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
+            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+            if m.affine:
+                m.weight.data.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.data.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
+            m.num_batches_tracked.fill_(7)
+    return module
+
+
+def make(name, seed=0):
+    """(module in eval mode, example inputs tuple) for a zoo, workload or HF name."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    if name in WORKLOADS:
+        return _workload(name, g)
+    if name in HF:
+        return _hf(name, g)
+    if name == "resnet18":
+        return randomize_batchnorm(resnet18()).eval(), (torch.randn(2, 3, 32, 32, generator=g),)
+    if name == "mobilenet":
+        return randomize_batchnorm(InvertedResidual()).eval(), (torch.randn(2, 16, 16, 16, generator=g),)
+    if name == "transformer":
+        return Transformer().eval(), (torch.randint(0, 50, (2, 9), generator=g),)
+    if name in ("lstm", "gru"):
+        return RNNClassifier(name).eval(), (torch.randint(0, 40, (2, 7), generator=g),)
+    if name == "unet":
+        return UNet().eval(), (torch.randn(2, 3, 16, 16, generator=g),)
+    if name == "audio":
+        return Audio().eval(), (torch.randn(2, 1, 64, generator=g),)
+    if name == "seq2seq":
+        return Seq2Seq().eval(), (torch.randint(0, 20, (2, 5), generator=g), torch.randint(0, 20, (2, 4), generator=g))
+    if name == "gated":
+        return randomize_batchnorm(Gated()).eval(), (torch.randn(2, 4, 5, 5, generator=g),)
+    raise KeyError(name)
+
+
+def _workload(name, g):
+    """The workloads' own torch twins (gan G and D, cnn, vae, ddim UNet at its smoke size)."""
+    if name in ("gan_g", "gan_d"):
+        from flaxport.workloads.gan import config, model_torch
+
+        c = config.get_config("default")
+        m = model_torch.generator(c) if name == "gan_g" else model_torch.discriminator(c)
+        return randomize_batchnorm(m).eval(), (torch.randn(8, c.z_dim if name == "gan_g" else 1, generator=g),)
+    if name == "cnn":
+        from flaxport.workloads.cnn import config, model_torch
+
+        c = config.get_config("default")
+        return randomize_batchnorm(model_torch.CNN(c)).eval(), (torch.rand(4, 3, 32, 32, generator=g),)
+    if name == "vae":
+        from flaxport.workloads.vae import config, model_torch
+
+        c = config.get_config("default")
+        return model_torch.VAE(c).eval(), (torch.rand(4, c.image_size ** 2, generator=g),
+                                           torch.randn(4, c.latents, generator=g))
+    from flaxport.workloads.ddim import config, model_torch
+
+    c = config.get_config("smoke")
+    m = model_torch.UNet(c)
+    torch.nn.init.normal_(m.head.weight, generator=g)  # keras zero-initialises the head
+    return randomize_batchnorm(m).eval(), (torch.randn(2, 3, 16, 16, generator=g), torch.rand(2, 1, 1, 1, generator=g))
+
+
+def _hf(name, g):
+    """HuggingFace models from tiny configs with random weights."""
+    import transformers
+
+    if name == "bert":
+        cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=32, max_position_embeddings=32)
+        return transformers.BertModel(cfg).eval(), (torch.randint(0, 50, (2, 7), generator=g),)
+    if name == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2, n_positions=32, use_cache=False,
+                                      bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2Model(cfg).eval(), (torch.randint(0, 50, (2, 7), generator=g),)
+    cfg = transformers.ViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                                 image_size=16, patch_size=4, num_channels=3)
+    return transformers.ViTModel(cfg).eval(), (torch.randn(2, 3, 16, 16, generator=g),)
+
+
+NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
+MORE = ("audio", "seq2seq", "gated")
+WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
+HF = ("bert", "gpt2", "vit")
+
+
+@functools.lru_cache(maxsize=None)
+def translated(name):
+    """(module, inputs, Translation) for a name, translated once per test process."""
+    from flaxport.translate import translate
+
+    module, inputs = make(name)
+    return module, inputs, translate(module, *inputs)
