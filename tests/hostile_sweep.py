@@ -439,7 +439,7 @@ def make_refs(out: Path, jobs: int) -> None:
         list(ex.map(make, REFS))
 
 
-GROUPS = (("set ", "a bad --set value"), ("flag ", "a bad flag"), ("env ", "a bad environment variable"),
+GROUPS = (("set ", "a bad --set value"), ("flag ", "a bad flag"), ("env ", "the environment (FLAXPORT_DATA, KERAS_BACKEND) and `flaxport env`"),
           ("gan-jax", "a jax run (gan)"), ("gan-torch", "a torch run (gan)"), ("vae-keras", "a keras run (vae)"),
           ("", "other runs (cnn, ddim, vae on jax and torch)"))
 
