@@ -56,6 +56,7 @@ bench: setup
 	$(FLAXPORT) compare ddim --epochs 2 --runs torch-eager,torch-tuned,jax-step --workdir $(BENCH)/ddim
 	$(PY) -m flaxport.bench.ddim_sampling --rounds 5 --json $(BENCH)/ddim-sampling.json
 	$(PY) -m flaxport.bench.translate --json $(BENCH)/translate.json  # docs/translate.md
+	$(PY) -m flaxport.bench.translate --train --json $(BENCH)/translate-train.json  # docs/translate.md
 	$(PY) -m flaxport.bench.tables $(BENCH) > $(BENCH)/tables.md
 	@echo "wrote $(BENCH)/tables.md"
 
