@@ -56,6 +56,11 @@ bench: setup
 	$(FLAXPORT) compare ddim --epochs 2 --runs torch-eager,torch-tuned,jax-step --workdir $(BENCH)/ddim
 	$(PY) -m flaxport.bench.ddim_sampling --rounds 5 --json $(BENCH)/ddim-sampling.json
 	$(PY) -m flaxport.bench.translate --json $(BENCH)/translate.json  # docs/translate.md
+	$(PY) -m flaxport.bench.translate --train --json $(BENCH)/translate-train.json  # docs/translate.md
+	$(FLAXPORT) compare gan --config bench --seeds 32 --epochs 3 --sequential-seeds 4 \
+	  --runs jax-scan,jax-vmap,torch-tuned,torch-vmap --workdir $(BENCH)/gan-vmap  # docs/vmap.md
+	$(FLAXPORT) compare vae --config bench --seeds 8 --epochs 5 --sequential-seeds 4 \
+	  --runs jax-scan,jax-vmap,torch-tuned,torch-vmap --workdir $(BENCH)/vae-vmap
 	$(PY) -m flaxport.bench.tables $(BENCH) > $(BENCH)/tables.md
 	@echo "wrote $(BENCH)/tables.md"
 

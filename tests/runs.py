@@ -48,7 +48,7 @@ def torch_state(workdir, epochs_done):
     """A torch checkpoint's model and optimizer state as flat NumPy arrays."""
     import torch
 
-    sd = torch.load(workdir / "checkpoints" / f"epoch_{epochs_done}.pt", weights_only=False)["state"]
+    sd = torch.load(workdir / "checkpoints" / f"epoch_{epochs_done}.pt", weights_only=True)["state"]
     out = {f"model.{k}": v.numpy() for k, v in sd["model"].items()}
     for pid, st in sd["opt"]["state"].items():
         out.update({f"opt.{pid}.{k}": np.asarray(v) for k, v in st.items()})

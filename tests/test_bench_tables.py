@@ -28,3 +28,20 @@ def test_a_comparison_becomes_its_table_with_the_command_and_the_ratios(tmp_path
     assert "| jax-scan | 0.275 | 3.53 | - | - | 4.00x | 5.00 | 4.50 | 0.0123 |" in text
     assert "| torch-compiled | 4.500 | 30.0 |" in text
     assert "(no cnn results" in text and "jax 0.10.2" in text and "2-CPU" in text
+
+
+def test_a_vectorised_comparison_becomes_a_member_steps_table(tmp_path):
+    rep = {"workload": "gan", "epochs": 3, "machine": {"cpu_count": 2},
+           "runs": [], "summary": [
+               {"name": "jax-scan", "members": 1, "steady_epoch_seconds": 0.5, "member_steps_per_second": 4000.0,
+                "member_steps_per_second_with_compile": 1000.0},
+               {"name": "jax-vmap", "members": 32, "steady_epoch_seconds": 16.0, "member_steps_per_second": 4000.0 * 2,
+                "member_steps_per_second_with_compile": 7000.0},
+               {"name": "torch-tuned", "members": 1, "steady_epoch_seconds": 5.0, "member_steps_per_second": 400.0,
+                "member_steps_per_second_with_compile": 390.0}]}
+    (tmp_path / "gan-vmap").mkdir()
+    (tmp_path / "gan-vmap" / "report.json").write_text(json.dumps(rep))
+    text = tables.tables(tmp_path)
+    assert f"`{tables.VMAP['gan-vmap']}`: steady epochs 2..3" in text
+    assert "| jax-vmap | 32 | 16.000 | 8000 | 7000 | 2.00x | 20.00x |" in text
+    assert "(no vae-vmap results" in text

@@ -100,21 +100,21 @@ def torch_cnn_run(tmp_path_factory):
     with a non-default hidden width (convert must read it from the run's config.json)."""
     from flaxport.data import digits
     from flaxport.harness import torch_loop
-    from flaxport.harness.workdir import prepare
+    from flaxport.harness.workdir import claim
     from flaxport.workloads.cnn import config as config_lib
     from flaxport.workloads.cnn import step_torch
 
     config = dataclasses.replace(config_lib.get_config("smoke"), hidden=64, conv_impl="xla")  # xla: quick compile
     run = tmp_path_factory.mktemp("torch-run")
-    prepare(run, {"workload": "cnn", "framework": "torch"}, {**dataclasses.asdict(config), "seed": 0}, False,
-            lambda w: False)
+    with claim(run, {"workload": "cnn", "framework": "torch"}, resume=False, has_checkpoint=lambda w: False) as held:
+        held.commit({**dataclasses.asdict(config), "seed": 0})
     ts = step_torch.init_state(config, 0)
     data = digits.load(size=32, channels=3)
     for i in range(6):
         batch = {k: torch.from_numpy(v[i * 32:(i + 1) * 32]) for k, v in data.train.items()}
         step_torch.train_step(config, ts, batch, None)
     meta = {"workload": "cnn", "framework": "torch", "variant": "smoke", "seed": 0, "epochs_done": 1}
-    torch_loop.save_file(run, 1, lambda tmp: torch.save({"state": ts.state_dict(), "meta": meta}, tmp))
+    torch_loop.checkpoint_store(run).save(1, ts.state_dict(), meta)
     return run / "checkpoints" / "epoch_1.pt", config, ts, data
 
 
@@ -270,7 +270,7 @@ def test_convert_ddim_carries_the_ema_network_both_ways(capsys, tmp_path):
     from safetensors.torch import load_file
 
     from flaxport.harness import torch_loop
-    from flaxport.harness.workdir import prepare
+    from flaxport.harness.workdir import claim
     from flaxport.port import init_state_from_torch
     from flaxport.port.checkpoints import read_torch_file, state_from_flat
     from flaxport.workloads.ddim import config as config_lib
@@ -278,8 +278,8 @@ def test_convert_ddim_carries_the_ema_network_both_ways(capsys, tmp_path):
 
     config = config_lib.get_config("smoke")
     run = tmp_path / "torch-run"
-    prepare(run, {"workload": "ddim", "framework": "torch"}, {**dataclasses.asdict(config), "seed": 0}, False,
-            lambda w: False)
+    with claim(run, {"workload": "ddim", "framework": "torch"}, resume=False, has_checkpoint=lambda w: False) as held:
+        held.commit({**dataclasses.asdict(config), "seed": 0})
     ts = step_torch.init_state(config, 0)
     g = torch.Generator().manual_seed(0)
     shape = (8, config.channels, config.image_size, config.image_size)
@@ -289,7 +289,7 @@ def test_convert_ddim_carries_the_ema_network_both_ways(capsys, tmp_path):
     model_sd, ema_sd = ts.model.state_dict(), ts.ema_model.state_dict()
     assert not torch.equal(model_sd["head.weight"], ema_sd["head.weight"])
     meta = {"workload": "ddim", "framework": "torch", "variant": "smoke", "seed": 0, "epochs_done": 1}
-    torch_loop.save_file(run, 1, lambda tmp: torch.save({"state": ts.state_dict(), "meta": meta}, tmp))
+    torch_loop.checkpoint_store(run).save(1, ts.state_dict(), meta)
     ckpt = run / "checkpoints" / "epoch_1.pt"
 
     state, counters = state_from_flat("ddim", config, read_torch_file(ckpt, "ddim")[0])

@@ -185,7 +185,7 @@ def test_a_state_holding_nan_is_never_saved(run):
 def test_a_full_disk_while_saving_is_one_clear_error_and_keeps_the_earlier_checkpoints(run, monkeypatch):
     import orbax.checkpoint as ocp
 
-    ckpt = Checkpointer(run / "checkpoints", cleanup=True)
+    ckpt = Checkpointer(run / "checkpoints")
     try:
         state, meta = ckpt.restore(GAN.init_state(SMOKE, rng.streams(0)["init"]), META)
 

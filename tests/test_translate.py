@@ -9,6 +9,7 @@ torch; the way back to torch names is exact.
 import ast
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -116,7 +117,7 @@ def test_generated_file_imports_only_jax_flax_numpy_and_the_standard_library():
                 roots |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom):
                 roots.add(node.module.split(".")[0])
-        assert roots <= {"jax", "flax", "numpy", "json", "math", "os"}, roots
+        assert roots <= {"jax", "flax", "numpy", "functools", "json", "math", "os"}, roots
 
 
 def test_resnet18_reads_like_a_hand_written_nnx_resnet():
@@ -132,8 +133,21 @@ def test_resnet18_reads_like_a_hand_written_nnx_resnet():
                  "self.downsample = nnx.Sequential(", "out = self.bn1(out)", "identity = self.downsample(x)",
                  "x = x.reshape(x.shape[0], -1)", "x = self.layer4(x)"):
         assert line in classes, line
+    assert re.search(r"\n    x \(\d+, 3, \d+, \d+\), any size along axes 0, 2 and 3\n", src)  # no export symbols
     assert "class BatchNorm2d" in src and "num_batches_tracked" in src  # torch's BatchNorm, carried along
     assert "class LSTM" not in src and "scaled_dot_product_attention" not in src  # only what it uses
+
+
+def test_generated_files_are_black_formatted():
+    """model.py (and a train step's file) as black leaves it: a user's formatter changes nothing."""
+    import black
+
+    from flaxport.translate.emit import WIDTH
+
+    for name in ("resnet18", "lstm"):
+        src = zoo.translated(name)[2].source
+        assert black.format_str(src, mode=black.Mode(line_length=WIDTH)) == src, name
+        assert max(len(line) for line in src.splitlines() if not line.lstrip().startswith(("#", '"'))) <= WIDTH
 
 
 def test_saved_model_loads_without_flaxport_or_torch(tmp_path):

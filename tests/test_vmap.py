@@ -207,3 +207,52 @@ def test_compare_seeds_reports_member_steps_per_second_of_every_run(cli, tmp_pat
         assert (work / "torch-vmap" / f"seed{seed}" / "histogram.png").exists()
     md = (work / "report.md").read_text()
     assert "| members | member-steps/s | with compile |" in md and "2 members as one torch.func.vmap program" in md
+
+
+def _files(top) -> dict:
+    """{relative path: bytes} of every file under `top` (folders as None)."""
+    return {str(p.relative_to(top)): (p.read_bytes() if p.is_file() else None) for p in sorted(top.rglob("*"))}
+
+
+@pytest.mark.slow
+def test_a_refused_stack_resume_leaves_the_stack_and_every_member_untouched(gan_stack, tmp_path, capsys):
+    import shutil
+
+    from flaxport.harness.workdir import lock
+
+    work = tmp_path / "stack"
+    shutil.copytree(gan_stack, work)
+    before = _files(work)
+    # Another shape: refused by the checkpoint's shape check, after every member was claimed.
+    code, _, err = _cli([*GAN_ARGS, "--workdir", work, "--resume", "--epochs", "4", "--set", "z_dim=8"], capsys)
+    mine = [line for line in err.splitlines() if line.startswith("flaxport:")]
+    assert code == 2 and len(mine) == 1 and "does not fit this run's state" in mine[0], err
+    # A member's workdir held by another writer: one line naming it.
+    fd = lock(work / GAN_MEMBERS[2])
+    try:
+        code, _, err = _cli([*GAN_ARGS, "--workdir", work, "--resume", "--epochs", "4"], capsys)
+    finally:
+        os.close(fd)
+    assert code == 2 and f"workdir {work / GAN_MEMBERS[2]} is in use by this process" in err, err
+    assert _files(work) == before
+
+
+@pytest.mark.slow
+def test_a_damaged_stack_checkpoint_falls_back_and_retrains_to_the_same_bits(gan_stack, tmp_path, capsys):
+    import shutil
+
+    work = tmp_path / "stack"
+    shutil.copytree(gan_stack, work)
+    arrays = [p for p in (work / "checkpoints" / "3" / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    biggest = max(arrays, key=lambda p: p.stat().st_size)
+    data = bytearray(biggest.read_bytes())
+    for i in range(1000, 1064):  # decodes, to other numbers: only the checksum can tell
+        data[i] ^= 0x5A
+    biggest.write_bytes(bytes(data))
+    code, _, err = _cli([*GAN_ARGS, "--workdir", work, "--resume"], capsys)
+    assert code == 0, err
+    assert f"flaxport: warning: checkpoint {work / 'checkpoints' / '3'} is damaged (" in err
+    assert "using checkpoint 2 instead" in err and len(list((work / "checkpoints-damaged").iterdir())) == 1
+    assert_same_state(jax_state(gan_stack, 3), jax_state(work, 3))  # epoch 3 trained again, to the same bits
+    for name in GAN_MEMBERS:
+        assert strip(records(work / name)) == strip(records(gan_stack / name))

@@ -25,6 +25,13 @@ COMPARES = {
     "vae-mnist-shaped": "flaxport compare vae --data binarized_mnist --data-dir DIR --epochs 3 --set iwae_k=5",
     "ddim": "flaxport compare ddim --config bench --epochs 2 --runs torch-eager,torch-tuned,jax-step",
 }
+# vectorised seeds (docs/vmap.md): member-steps per second, every run in one process
+VMAP = {
+    "gan-vmap": "flaxport compare gan --config bench --seeds 32 --epochs 3 --sequential-seeds 4 "
+                "--runs jax-scan,jax-vmap,torch-tuned,torch-vmap",
+    "vae-vmap": "flaxport compare vae --config bench --seeds 8 --epochs 5 --sequential-seeds 4 "
+                "--runs jax-scan,jax-vmap,torch-tuned,torch-vmap",
+}
 TORCH_VARIANTS = ("tuned", "compiled")  # gan-torch-VARIANT: flaxport train gan --framework torch --epochs 3
 SCALE = [(d, r) for d in (1, 4) for r in ("scan", "step")]  # gan-DEVICESdev-RUNNER
 
@@ -90,6 +97,19 @@ def _steady(workdir: Path):
     return statistics.fmean(secs[1:] or secs), recs[0]["epoch_seconds"], recs[0].get("steps")
 
 
+def vmap_table(rep: dict, command: str) -> list:
+    """One row per run: members, steady s/epoch, member-steps/s (steady and over the whole run), ratios."""
+    summary = {s["name"]: s for s in rep["summary"]}
+    scan = summary.get("jax-scan", {}).get("member_steps_per_second")
+    tuned = summary.get("torch-tuned", {}).get("member_steps_per_second")
+    rows = [[name, str(s.get("members", 1)), f"{s['steady_epoch_seconds']:.3f}",
+             f"{s['member_steps_per_second']:.0f}", f"{s['member_steps_per_second_with_compile']:.0f}",
+             _ratio(s["member_steps_per_second"], scan), _ratio(s["member_steps_per_second"], tuned)]
+            for name, s in summary.items()]
+    head = ["run", "members", "steady s/epoch", "member-steps/s", "with compile", "vs jax-scan", "vs torch-tuned"]
+    return [f"`{command}`: steady epochs 2..{rep['epochs']}, every run in one process.", ""] + _md(head, rows)
+
+
 def torch_variants_table(bench: Path) -> list:
     rows = []
     for v in TORCH_VARIANTS:
@@ -145,7 +165,8 @@ def sampling_table(bench: Path) -> list:
 def tables(bench: Path) -> str:
     out, facts = [], None
     sections = {"GAN": ["gan", "gan-quick", "gan-tuned", torch_variants_table, scale_table], "CNN": ["cnn"],
-                "VAE": ["vae", "vae-mnist-shaped", gemm_table], "DDIM": ["ddim", sampling_table]}
+                "VAE": ["vae", "vae-mnist-shaped", gemm_table], "DDIM": ["ddim", sampling_table],
+                "Vectorised seeds": list(VMAP)}
     for title, parts in sections.items():
         out += [f"## {title}", ""]
         for part in parts:
@@ -154,7 +175,7 @@ def tables(bench: Path) -> str:
             elif (bench / part / "report.json").exists():
                 rep = json.loads((bench / part / "report.json").read_text())
                 facts = facts or rep["machine"]
-                lines = compare_table(rep, COMPARES[part])
+                lines = vmap_table(rep, VMAP[part]) if part in VMAP else compare_table(rep, COMPARES[part])
             else:
                 lines = []
             name = part if isinstance(part, str) else part.__name__.replace("_table", "")

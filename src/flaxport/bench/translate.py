@@ -9,6 +9,11 @@ twice: with the config's convolution (flaxport's native FFI kernels on CPU, whic
 generated file cannot use: it imports only jax, flax and numpy) and with XLA's
 convolution (what the translation calls), so the figure says which part is layout and
 which is the kernel.
+
+With --train it times the train step instead: train_step.py as `translate --optimizer
+"torch.optim.Adam(lr=1e-3)" --loss "torch.nn.functional.nll_loss"` writes it (the config's
+Adam, NLL on the log-probabilities), against the workload's hand-written jitted
+`make_train_step` (the `jax-step` runner's step), both donating their state.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ def _args(argv):
     p.add_argument("--rounds", type=int, default=15, help="interleaved timed rounds (default 15)")
     p.add_argument("--calls", type=int, default=10, help="forward calls per round (default 10)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default: the cnn config's, 32)")
+    p.add_argument("--train", action="store_true", help="time one train step (forward, backward, Adam) instead")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
     args = p.parse_args(argv)
     for name in ("rounds", "calls"):
@@ -57,7 +63,9 @@ def run(args) -> dict:
     images_nchw = jnp.asarray(images.numpy())
     images_nhwc = jnp.asarray(images.numpy().transpose(0, 2, 3, 1))
 
-    runs, compile_seconds, outputs = {}, {}, {}
+    if args.train:
+        return _time(args, batch, jax, _train_runs(config, twin, images, jnp, np), config)
+    runs = {}
     for layout in ("nchw", "nhwc"):
         t = translate(twin, images, layout=layout, check=False)
         # The model's arrays as a flat list: an nnx.State argument takes jit's slower Python
@@ -72,6 +80,51 @@ def run(args) -> dict:
         net = model.cnn(cfg)
         fn = jax.jit(lambda v, x, net=net: net.apply(v, x, train=False))
         runs[f"hand-written ({impl} conv)"] = (fn, jax.tree.map(jnp.asarray, variables), images_nhwc)
+    return _time(args, batch, jax, runs, config)
+
+
+def _train_runs(config, twin, images, jnp, np) -> dict:
+    """{name: (step(box, x) -> output, box holding the state, x)} for the train steps."""
+    import dataclasses as dc
+
+    import jax
+    import torch
+
+    from flaxport.translate import translate
+    from flaxport.translate.train_step import Loss, _namespace, write_train_step
+    from flaxport.workloads.cnn import step as cnn_step
+
+    labels = np.random.default_rng(0).integers(0, config.num_classes, images.shape[0]).astype(np.int32)
+    runs = {}
+    adam = ("Adam", {"lr": config.lr, "betas": (config.b1, config.b2), "eps": config.adam_eps})
+    for layout in ("nchw", "nhwc"):
+        t = translate(twin.train(), images, layout=layout, check=False)
+        made = write_train_step(t, twin, adam, Loss("nll_loss", {}, "F.nll_loss"), check=False)
+        train_step, state, _ = _namespace(made.source)["make_train_step"](t.new_model())
+
+        def run(box, x, train_step=train_step):
+            box[0], loss = train_step(box[0], x, jnp.asarray(labels))
+            return loss
+
+        runs[f"translated train_step.py ({layout})"] = (run, [state], jnp.asarray(images.numpy()))
+    batch = {"image": jnp.asarray((images.numpy().transpose(0, 2, 3, 1) * 255).astype(np.uint8)),
+             "label": jnp.asarray(labels)}
+    for impl in (config.conv_impl, "xla"):
+        cfg = dc.replace(config, conv_impl=impl)
+        step = jax.jit(cnn_step.make_train_step(cfg), donate_argnums=0)
+
+        def run(box, b, step=step):
+            box[0], metrics = step(box[0], b, jax.random.key(0))
+            return metrics["loss"]
+
+        runs[f"hand-written ({impl} conv)"] = (run, [cnn_step.init_state(cfg, jax.random.key(0))], batch)
+    return runs
+
+
+def _time(args, batch, jax, runs, config) -> dict:
+    import numpy as np
+
+    compile_seconds, outputs = {}, {}
     for name, (fn, params, x) in runs.items():
         t0 = time.perf_counter()
         outputs[name] = np.asarray(jax.block_until_ready(fn(params, x)))
@@ -87,7 +140,8 @@ def run(args) -> dict:
             seconds[name].append((time.perf_counter() - t0) / args.calls)
     median = {k: statistics.median(v) for k, v in seconds.items()}
     reference = outputs[f"hand-written ({config.conv_impl} conv)"]
-    return {"batch": batch, "rounds": args.rounds, "calls": args.calls, "jax": jax.__version__,
+    return {"batch": batch, "train": bool(args.train), "rounds": args.rounds, "calls": args.calls,
+            "jax": jax.__version__,
             "median_ms": {k: round(v * 1e3, 3) for k, v in median.items()},
             "min_ms": {k: round(min(v) * 1e3, 3) for k, v in seconds.items()},
             "compile_seconds": compile_seconds,
@@ -95,21 +149,23 @@ def run(args) -> dict:
                                       for k, v in median.items()},
             "ratio_vs_hand_written_xla_conv": {k: round(v / median["hand-written (xla conv)"], 3)
                                                for k, v in median.items()},
-            "max_abs_output_difference": {k: float(np.max(np.abs(v - reference))) for k, v in outputs.items()}}
+            "max_abs_output_difference": ({} if args.train else
+                                          {k: float(np.max(np.abs(v - reference))) for k, v in outputs.items()})}
 
 
 def main(argv=None) -> int:
     args = _args(argv)
     r = run(args)
-    print(f"cnn forward, batch {r['batch']}, jitted, eval mode; {r['rounds']} interleaved rounds of "
-          f"{r['calls']} calls; compile apart")
+    what = "train step (forward, backward, Adam)" if r["train"] else "forward, jitted, eval mode"
+    print(f"cnn {what}, batch {r['batch']}; {r['rounds']} interleaved rounds of {r['calls']} calls; compile apart")
     print("| model | median (ms) | min (ms) | vs hand-written | vs hand-written, xla conv | compile (s) |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, ms in r["median_ms"].items():
         print(f"| {name} | {ms:.2f} | {r['min_ms'][name]:.2f} | {r['ratio_vs_hand_written'][name]:.2f}x | "
               f"{r['ratio_vs_hand_written_xla_conv'][name]:.2f}x | {r['compile_seconds'][name]} |")
-    worst = max(r["max_abs_output_difference"].values())
-    print(f"all four compute the same log-probabilities (max |difference| {worst:.1e})")
+    if r["max_abs_output_difference"]:
+        worst = max(r["max_abs_output_difference"].values())
+        print(f"all four compute the same log-probabilities (max |difference| {worst:.1e})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)

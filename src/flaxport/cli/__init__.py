@@ -53,6 +53,17 @@ def main(argv=None) -> int:
         if debug:
             raise
         first = (str(e).strip().splitlines() or [""])[0][:300]
+        if _out_of_memory(e):  # what the memory estimate let through (it refuses only certain failures)
+            print(f"flaxport: error: out of memory: {first}; lower the sizes (batch_size, --n, widths)",
+                  file=sys.stderr)
+            return UserError.exit_code
         print(f"flaxport: internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 1
+
+
+def _out_of_memory(e: Exception) -> bool:
+    """An allocation that failed: NumPy's MemoryError, torch's OutOfMemoryError, XLA's RESOURCE_EXHAUSTED."""
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or ("RESOURCE_EXHAUSTED" in text or "Out of memory" in text) and "Error" in type(e).__name__)

@@ -69,7 +69,8 @@ def join_distributed(args) -> bool:
 
 
 def workload_and_config(args):
-    """(Workload, config) for args.workload / --config / --set."""
+    """(Workload, config) for args.workload / --config / --set, every setting checked, and the
+    memory the config needs checked against what is free (before anything is allocated)."""
     from flaxport.workloads import registry
 
     setup_jax(args.workload)
@@ -84,11 +85,30 @@ def workload_and_config(args):
             config = dataclasses.replace(config, data=args.data)
     if args.epochs is not None and args.epochs < 1:
         raise UserError(f"--epochs must be at least 1, got {args.epochs}")
+    check_seed(args.seed)
+    check_memory(workload.name, config)
     return workload, config
 
 
+def check_seed(seed, flag: str = "--seed") -> int:
+    """seed, if every framework's generator takes it (0 .. 2**63 - 1); else one UserError."""
+    from flaxport.workloads.validate import check_seed as check
+
+    return check(seed, flag)
+
+
+def check_memory(workload_name: str, config, context: str = "") -> None:
+    """Refuse a config that cannot fit in the memory free here (flaxport.workloads.validate)."""
+    from flaxport.workloads.validate import check_memory as check
+
+    check(workload_name, config, context)
+
+
 def apply_overrides(config, items):
-    """config with KEY=VALUE strings applied, each parsed as the field's current type."""
+    """config with KEY=VALUE strings applied, each read as the field's type and checked
+    against the field's rule (flaxport.workloads.validate)."""
+    from flaxport.workloads.validate import check, parse_value
+
     fields = {f.name for f in dataclasses.fields(config)}
     changes = {}
     for item in items:
@@ -97,46 +117,54 @@ def apply_overrides(config, items):
         key, raw = item.split("=", 1)
         if key not in fields or key == "variant":
             raise UserError(f"--set: {config.__class__.__module__.split('.')[-2]} config has no field {key!r}")
-        changes[key] = _parse_like(getattr(config, key), raw, key)
-        current = getattr(config, key)
-        if isinstance(current, int) and not isinstance(current, bool) and current > 0 and changes[key] < 1:
-            raise UserError(f"--set {key}: must be at least 1, got {changes[key]}")  # sizes, counts, epochs
-        allowed = getattr(type(config), "CHOICES", {}).get(key)
-        if allowed and changes[key] not in allowed:
-            raise UserError(f"--set {key}: {raw!r} is not one of {', '.join(allowed)}")
-    return dataclasses.replace(config, **changes)
+        changes[key] = parse_value(config, key, raw)
+    if not changes:
+        return config
+    return check(dataclasses.replace(config, **changes), "--set", blame=changes)
 
 
-def _parse_like(current, raw: str, key: str):
-    try:
-        if isinstance(current, bool):
-            if raw.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(raw)
-            return raw.lower() in ("true", "1")
-        if isinstance(current, tuple):
-            kind = type(current[0]) if current else float
-            return tuple(kind(x) for x in raw.split(",") if x)
-        return type(current)(raw)
-    except ValueError:
-        raise UserError(f"--set {key}: cannot read {raw!r} as {type(current).__name__}") from None
+def config_from_dict(workload, saved: dict, where: str = "config.json"):
+    """The config a run used, from its config.json's "config" object, every field checked."""
+    from flaxport.workloads.validate import from_dict
+
+    return from_dict(workload, saved, where)
 
 
-def config_from_dict(workload, saved: dict):
-    """The config a run used, from its config.json."""
-    base = workload.get_config(saved.get("variant", "default"))
-    fields = {f.name for f in dataclasses.fields(base)}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
-    return dataclasses.replace(base, **values)
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+    """What a workdir's config.json says about its run."""
+
+    framework: str
+    config: object
+    seed: int
+    saved: dict  # the whole file
 
 
 def read_run(workdir) -> dict:
-    path = Path(workdir) / "config.json"
-    if not path.exists():
+    """A workdir's config.json as a dict; one UserError line when there is none or it is not an object."""
+    from flaxport.harness.workdir import read_config_json
+
+    saved = read_config_json(workdir)
+    if saved is None:
         raise UserError(f"{workdir} is not a flaxport run directory (no config.json)")
-    try:
-        return json.loads(path.read_text())
-    except ValueError as e:
-        raise UserError(f"{path} is not valid JSON: {e}") from e
+    return saved
+
+
+def load_run(workload, workdir) -> SavedRun:
+    """The run in `workdir` (its config.json), checked: this workload's, a known framework,
+    a config whose every field keeps its rule, a valid seed. One UserError line otherwise."""
+    path = Path(workdir) / "config.json"
+    saved = read_run(workdir)
+    if saved.get("workload") != workload.name:
+        raise UserError(f"{workdir} holds a {saved.get('workload')!r} run, not {workload.name!r}")
+    framework = saved.get("framework")
+    if framework not in FRAMEWORKS:
+        raise UserError(f"{path}: framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    if "config" not in saved:
+        raise UserError(f"{path}: no \"config\" (the run's settings)")
+    config = config_from_dict(workload, saved["config"], str(path))
+    seed = check_seed(saved["config"].get("seed", 0), f"{path}: seed")
+    return SavedRun(framework, config, seed, saved)
 
 
 def default_workdir(*parts) -> str:
@@ -147,8 +175,11 @@ def load_data(workload, config, args):
     """The run's dataset; says on stderr which one (source, sizes)."""
     from flaxport.harness.metrics import info
 
-    data = workload.load_data(config, getattr(args, "data", None), getattr(args, "data_dir", None)
-                              or os.environ.get("FLAXPORT_DATA"))
+    data_dir = getattr(args, "data_dir", None) or os.environ.get("FLAXPORT_DATA")
+    if data_dir and Path(data_dir).expanduser().exists() and not Path(data_dir).expanduser().is_dir():
+        origin = "--data-dir" if getattr(args, "data_dir", None) else "$FLAXPORT_DATA"
+        raise UserError(f"{origin} {data_dir} is not a directory; point it at a folder for datasets")
+    data = workload.load_data(config, getattr(args, "data", None), data_dir)
     from flaxport.harness.metrics import steps_per_epoch
 
     steps_per_epoch(data, config.batch_size)  # too few examples: refuse before a workdir is made

@@ -68,8 +68,8 @@ def run(args) -> int:
 
 
 def _torch_to_flax(workload, src: Path, dst: Path, args) -> int:
-    from flaxport.harness.checkpoint import Checkpointer
-    from flaxport.harness.workdir import prepare
+    from flaxport.harness.store import open_store
+    from flaxport.harness.workdir import claim
     from flaxport.port.checkpoints import read_torch_file, split_ema, state_from_flat
     from flaxport.port.twins import ema_name
 
@@ -79,14 +79,14 @@ def _torch_to_flax(workload, src: Path, dst: Path, args) -> int:
     config, seed = _config(workload, src, meta, args)
     state, counters = state_from_flat(workload, config, flat)  # every check before anything is written
     identity = {"workload": workload.name, "framework": "jax"}
-    prepare(dst, identity, {**dataclasses.asdict(config), "seed": seed, "runner": config.runner}, False,
-            lambda w: False)
-    ckpt = Checkpointer(dst / "checkpoints")
-    try:
-        ckpt.save(0, state, {**identity, "variant": config.variant, "seed": seed, "epochs_done": 0,
-                             "converted_from": str(src.resolve()), "torch_num_batches_tracked": counters})
-    finally:
-        ckpt.close()
+    with claim(dst, identity, resume=False, has_checkpoint=lambda w: False) as held:
+        ckpt = open_store("jax", dst / "checkpoints")
+        try:
+            held.commit({**dataclasses.asdict(config), "seed": seed, "runner": config.runner})
+            ckpt.save(0, state, {**identity, "variant": config.variant, "seed": seed, "epochs_done": 0,
+                                 "converted_from": str(src.resolve()), "torch_num_batches_tracked": counters})
+        finally:
+            ckpt.close()
     ema = ema_name(workload.name)
     extra = {"ema": f"{ema} from {src.name}" if split_ema(flat, workload)[1] else "the weights (none in the file)"
              } if ema else {}
@@ -101,12 +101,10 @@ def _config(workload, src: Path, meta, args):
     saved = None
     run_json = src.resolve().parent.parent / "config.json"
     if meta is not None and src.resolve().parent.name == "checkpoints" and run_json.exists():
-        saved = common.read_run(run_json.parent)
-        if saved.get("workload") != workload.name:
-            saved = None
+        if common.read_run(run_json.parent).get("workload") == workload.name:
+            saved = common.load_run(workload, run_json.parent)
     if saved is not None and args.config is None:
-        config = common.config_from_dict(workload, saved["config"])
-        seed = saved["config"].get("seed", 0)
+        config, seed = saved.config, saved.seed
     else:
         variant = args.config or (meta or {}).get("variant") or "default"
         if variant not in workload.variants:
@@ -114,29 +112,29 @@ def _config(workload, src: Path, meta, args):
                             f"{', '.join(workload.variants)}")
         config, seed = workload.get_config(variant), 0
     config = common.apply_overrides(config, args.set)
-    return config, seed if args.seed is None else args.seed
+    common.check_memory(workload.name, config)
+    return config, seed if args.seed is None else common.check_seed(args.seed)
 
 
 def _flax_to_torch(workload, src: Path, dst: Path) -> int:
     import jax
     import jax.numpy as jnp
 
-    from flaxport.harness.checkpoint import Checkpointer
+    from flaxport.harness.store import open_store
     from flaxport.port.checkpoints import abstract_state, flat_from_state, write_torch_file
 
-    saved = common.read_run(src)
-    if saved.get("workload") != workload.name:
-        raise UserError(f"{src} holds a {saved.get('workload')!r} run, not {workload.name!r}")
-    if saved.get("framework") != "jax":
-        raise UserError(f"{src} is a {saved.get('framework')!r} run; its checkpoints/epoch_N.pt already is a "
+    run = common.load_run(workload, src)
+    if run.framework != "jax":
+        raise UserError(f"{src} is a {run.framework!r} run; its checkpoints/epoch_N.pt already is a "
                         "torch checkpoint (convert reads a jax workdir)")
     if dst.exists():
         raise UserError(f"{dst} exists; convert does not overwrite it")
-    config = common.config_from_dict(workload, saved["config"])
-    seed = saved["config"].get("seed", 0)
+    if not dst.parent.is_dir():
+        raise UserError(f"{dst}: no folder {dst.parent}; create it first")
+    config, seed = run.config, run.seed
     # A zero state of the right tree is all a restore needs: no init, nothing compiled.
     target = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract_state(workload, config))
-    ckpt = Checkpointer(src / "checkpoints")
+    ckpt = open_store("jax", src / "checkpoints")
     try:
         if ckpt.latest() is None:
             raise UserError(f"no checkpoint in {src / 'checkpoints'}")

@@ -17,25 +17,25 @@ def add_parser(sub):
     p.set_defaults(run=run)
 
 
-def restore(workload_name: str, workdir):
-    """(workload, config, run_info, framework, state, seed) of a workdir's newest checkpoint:
-    state is the Flax train state (jax runs) or the twin's state (torch runs)."""
+def restore(workload_name: str, workdir, n=None, steps=None):
+    """(workload, config, run_info, framework, state, seed) of a workdir's newest good checkpoint:
+    state is the Flax train state (jax runs) or the twin's state (torch runs; None for keras,
+    which load_trained reads). n, steps: the sample count and sampler steps a caller will
+    use (see _with_n), checked against the memory free here before anything is loaded."""
     from flaxport.workloads import registry
 
     common.setup_jax(workload_name)
     workload = registry.get(workload_name)
-    saved = common.read_run(workdir)
-    if saved.get("workload") != workload.name:
-        raise UserError(f"{workdir} holds a {saved.get('workload')!r} run, not {workload.name!r}")
-    config = common.config_from_dict(workload, saved["config"])
-    seed = saved["config"].get("seed", 0)
-    framework = saved["framework"]
+    run = common.load_run(workload, workdir)
+    config, seed, framework = run.config, run.seed, run.framework
+    context = f"--n {n}: " if n is not None else ""
+    common.check_memory(workload.name, _with_n(config, n, steps), context)
     meta = {"workload": workload.name, "framework": framework, "variant": config.variant, "seed": seed}
     if framework == "jax":
         from flaxport.harness import rng
-        from flaxport.harness.checkpoint import Checkpointer
+        from flaxport.harness.store import open_store
 
-        ckpt = Checkpointer(Path(workdir) / "checkpoints")
+        ckpt = open_store("jax", Path(workdir) / "checkpoints")
         try:  # close Orbax's background loop on every path
             if ckpt.latest() is None:
                 raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
@@ -47,24 +47,18 @@ def restore(workload_name: str, workdir):
         return workload, config, meta, framework, None, seed  # load_trained reads keras checkpoints
     import importlib
 
-    import torch
-
     from flaxport.harness import torch_loop
 
-    found = torch_loop.load_checkpoint(torch, workdir, meta)
-    if found is None:
-        raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
-    _, payload = found
     ts = importlib.import_module(workload.torch_twin).init_state(config, seed)
-    ts.load_state_dict(payload["state"])
-    return workload, config, payload["meta"], framework, ts, seed
+    _, info = torch_loop.checkpoint_store(workdir).restore(ts, meta)
+    return workload, config, info, framework, ts, seed
 
 
-def load_trained(workload_name: str, workdir):
+def load_trained(workload_name: str, workdir, n=None, steps=None):
     """(workload, config, run_info, evaluate(data, n=None, steps=None) -> (quality, artifacts))
-    from a workdir's newest checkpoint; n and steps override the sample count and the
-    sampler's steps (see _with_n)."""
-    workload, config, info, framework, state, seed = restore(workload_name, workdir)
+    from a workdir's newest good checkpoint; n and steps override the sample count and the
+    sampler's steps (see _with_n), and are checked against the memory free here first."""
+    workload, config, info, framework, state, seed = restore(workload_name, workdir, n, steps)
     if framework == "jax":
         from flaxport.harness import rng
 
@@ -86,13 +80,9 @@ def _load_keras(workload, config, meta, workdir, seed):
 
     twin = keras_loop.twin_of(workload)
     meta = {**meta, "keras_backend": twin.keras.backend.backend()}
-    found = keras_loop.load_checkpoint(workdir, meta)
-    if found is None:
-        raise UserError(f"no checkpoint in {Path(workdir) / 'checkpoints'}")
-    _, payload = found
     ks = twin.init_state(config, seed)
-    keras_loop.restore(ks, payload, workdir)
-    return workload, config, payload["meta"], lambda data, n=None, steps=None: twin.evaluate(
+    _, info = keras_loop.checkpoint_store(workdir).restore(ks, meta)
+    return workload, config, info, lambda data, n=None, steps=None: twin.evaluate(
         _with_n(config, n, steps), ks, data, torch_loop.stream_seed(seed, "eval"))
 
 

@@ -58,7 +58,9 @@ def run(args) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; give a file name")
-    workload, config, info, framework, state, _ = restore(name, args.workdir)
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: no folder {out.parent}; create it first")
+    workload, config, info, framework, state, _ = restore(name, args.workdir, args.n, args.steps)
     if state is None:
         raise UserError(f"export reads jax and torch runs; {args.workdir} is a {framework} run")
     exporter = importlib.import_module(EXPORTERS[name])

@@ -57,6 +57,10 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
+        if not 0 <= value < float("inf"):  # NaN fails this too: no row would ever pass or fail
+            raise UserError(f"{flag} must be a finite number >= 0, got {value}")
+    common.check_seed(args.seed)
     common.setup_jax(args.workload)  # before JAX starts
     import jax
 
@@ -65,8 +69,6 @@ def run(args) -> int:
     from flaxport.workloads import registry
 
     jax.config.update("jax_default_matmul_precision", "highest")  # no TF32/bf16 passes on accelerators
-    if args.atol < 0 or args.rtol < 0:
-        raise UserError("--atol and --rtol must be >= 0")
     workload = registry.get(args.workload)
     part_names(workload.name)  # a workload flaxport.port has no twin map for: one line, before any work
     if args.config not in workload.variants:
@@ -74,6 +76,7 @@ def run(args) -> int:
                         f"{', '.join(workload.variants)}")
     config = common.apply_overrides(workload.get_config(args.config), args.set)
     flax_config = common.apply_overrides(config, args.flax_set)
+    common.check_memory(workload.name, config)
     twin = importlib.import_module(workload.torch_twin)
     ts = twin.init_state(config, args.seed)
     torch_parts = parts(workload.name, config, ts)

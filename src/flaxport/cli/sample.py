@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from flaxport.cli.evaluate import STEPS_FIELD, load_trained
 from flaxport.cli import common
@@ -21,20 +22,23 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    from flaxport.harness.workdir import write_pictures
+    from flaxport.workloads import registry
+
     for flag, value in (("--n", args.n), ("--steps", args.steps)):  # before the checkpoint is read
         if value is not None and value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}")
-    if args.steps is not None:
-        from flaxport.workloads import registry
-
-        common.setup_jax(args.workload)  # importing a workload imports jax: its settings first
-        if not hasattr(registry.get(args.workload).get_config("default"), STEPS_FIELD):
-            raise UserError(f"--steps: {args.workload} has no iterative sampler (no {STEPS_FIELD} in its config)")
-    workload, config, info, evaluate = load_trained(args.workload, args.workdir)
-    if args.n is not None and not (hasattr(config, "n_eval") or hasattr(config, "n_samples")):
-        raise UserError(f"--n: {workload.name} draws no samples; `sample` rewrites its pictures from the checkpoint")
+    common.setup_jax(args.workload)  # importing a workload imports jax: its settings first
+    default = registry.get(args.workload).get_config("default")
+    if args.steps is not None and not hasattr(default, STEPS_FIELD):
+        raise UserError(f"--steps: {args.workload} has no iterative sampler (no {STEPS_FIELD} in its config)")
+    if args.n is not None and not (hasattr(default, "n_eval") or hasattr(default, "n_samples")):
+        raise UserError(f"--n: {args.workload} draws no samples; `sample` rewrites its pictures from the checkpoint")
+    if os.path.isdir(args.workdir) and not os.access(args.workdir, os.W_OK):  # before the sampling, not after
+        raise UserError(f"cannot write pictures to {args.workdir}: it is read-only")
+    workload, config, info, evaluate = load_trained(args.workload, args.workdir, args.n, args.steps)
     data = common.load_data(workload, config, args)
     quality, artifacts = evaluate(data, args.n, args.steps)
-    paths = workload.write_pictures(args.workdir, data, artifacts, f"{workload.name}, epoch {info.get('epochs_done')}")
+    paths = write_pictures(workload, args.workdir, data, artifacts, f"{workload.name}, epoch {info.get('epochs_done')}")
     print(json.dumps({"pictures": [str(p) for p in paths], "quality": quality}))
     return 0

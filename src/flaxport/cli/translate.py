@@ -12,6 +12,9 @@ nn.Embedding's size, else below 2), also float64, int32, bool.
 
 Writes DIR/model.py (imports only jax, flax, numpy and the standard library; `load(DIR)`),
 DIR/weights.safetensors (torch's state_dict names) and DIR/parity.md, and prints a summary.
+With --optimizer and --loss (texts read with `ast`, never run: a torch.optim class or a
+torch loss from a short list, literal keyword arguments) it also writes DIR/train_step.py,
+the jitted train step with the optimizer as optax, proven against torch for 3 steps.
 Exit 0 when the float64 check passes, 1 when it does not (the files are written, and the
 first submodule that differs is named), 2 for bad input (an unknown factory, a bad --input,
 weights that do not fit, ops with no translation: one line each).
@@ -39,6 +42,13 @@ def add_parser(sub):
     p.add_argument("--layout", default="nchw", choices=("nchw", "nhwc"),
                    help="nchw: torch's layout (default); nhwc: image models keep channels last inside")
     p.add_argument("--train", action="store_true", help="the model starts in train mode (torch's module.train())")
+    p.add_argument("--optimizer", default=None, metavar="TEXT",
+                   help='also write train_step.py with this torch optimizer as optax, e.g. '
+                        '"torch.optim.AdamW(lr=1e-3, weight_decay=0.01)" (SGD, Adam, AdamW, RMSprop, Adagrad; '
+                        'literal keyword arguments; needs --loss)')
+    p.add_argument("--loss", default=None, metavar="TEXT",
+                   help='the loss of train_step.py, e.g. "torch.nn.functional.cross_entropy" or '
+                        '"nn.MSELoss(reduction=\'sum\')"')
     p.add_argument("--seed", type=int, default=0, help="seed of the example inputs")
     common.add_debug(p)
     p.set_defaults(run=run)
@@ -50,6 +60,13 @@ def run(args) -> int:
     if not args.out:
         raise UserError("translate needs --out DIR")
     specs = [parse_input(text) for text in args.input]  # before anything slow runs
+    optimizer = loss = None
+    if (args.optimizer is None) != (args.loss is None):
+        raise UserError("train_step.py needs both --optimizer and --loss")
+    if args.optimizer is not None:
+        from flaxport.translate.train_step import parse_loss, parse_optimizer
+
+        optimizer, loss = parse_optimizer(args.optimizer), parse_loss(args.loss)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a directory")
@@ -61,9 +78,19 @@ def run(args) -> int:
     from flaxport.translate import translate
 
     t = translate(module, *inputs, layout=args.layout)
+    if optimizer is not None:
+        from flaxport.translate.train_step import write_train_step
+
+        write_train_step(t, module, optimizer, loss)
     t.save(out)
     print(t.summary())
-    print(f"wrote {out / 'model.py'}, {out / 'weights.safetensors'}, {out / 'parity.md'}")
+    if t.train_step is not None:
+        print(t.train_step.headline())
+    written = ["model.py", "weights.safetensors"] + (["train_step.py"] if t.train_step is not None else [])
+    print(f"wrote {', '.join(str(out / n) for n in written + ['parity.md'])}")
+    if t.train_step is not None and not t.train_step.ok:
+        print(f"flaxport: the train step differs from torch's; see {out / 'parity.md'}", file=sys.stderr)
+        return 1
     if not t.report.ok:
         first = t.report.first_divergence
         print(f"flaxport: parity failed: the translation of {first.torch_name!r} computes something else "

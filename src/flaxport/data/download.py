@@ -53,7 +53,11 @@ _NETWORK_ERRORS = (OSError, http.client.HTTPException)
 
 def default_data_dir() -> Path:
     """$FLAXPORT_DATA, else ~/.cache/flaxport: where real datasets live unless told otherwise."""
-    return Path(os.environ.get("FLAXPORT_DATA") or Path.home() / ".cache" / "flaxport").expanduser()
+    path = Path(os.environ.get("FLAXPORT_DATA") or Path.home() / ".cache" / "flaxport").expanduser()
+    if path.exists() and not path.is_dir():
+        origin = "$FLAXPORT_DATA" if os.environ.get("FLAXPORT_DATA") else "the data directory"
+        raise UserError(f"{origin} {path} is not a directory; point it at a folder for datasets")
+    return path
 
 
 def file_digests(path, algorithms=("md5", "sha256"), chunk: int = 1 << 20) -> dict:

@@ -8,7 +8,7 @@ workload is refused with one line.
 Damage, and how it is caught:
 * a save cut short (kill, crash, full disk): Orbax writes into `<step>.orbax-checkpoint-tmp`
   and renames it only when complete, so an unfinished step is never listed (and the
-  training loop's Checkpointer removes such leftovers);
+  training loop removes such leftovers with `clean_leftovers`, once it holds the workdir);
 * a finished checkpoint damaged later (truncated or garbled array files, a lost
   metadata file): a read error, or arrays that do not match the checksums saved in
   `meta` (a flipped byte inside a compressed chunk can decode to wrong numbers).
@@ -31,13 +31,14 @@ import numpy as np
 from flaxport.errors import TrainingDiverged, UserError
 from flaxport.harness.distributed import Placement
 from flaxport.harness.metrics import info
+from flaxport.harness.store import SAVE_DELAY_ENV, Damaged  # one test hook, one exception for every store
 
 # Orbax logs every save at INFO through absl; a training run should not.
 logging.getLogger("absl").setLevel(logging.WARNING)
 
-# Test hook: seconds to sleep inside every save, after its temporary directory exists and
-# before Orbax finalises it, so a test can kill a run mid-save on purpose.
-SAVE_DELAY_ENV = "FLAXPORT_TEST_SAVE_DELAY"
+# SAVE_DELAY_ENV (test hook): seconds to sleep inside every save, after its temporary
+# directory exists and before Orbax finalises it, so a test can kill a run mid-save.
+TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a save Orbax has not finalised
 
 
 def _ocp():
@@ -46,26 +47,24 @@ def _ocp():
     return ocp
 
 
-class Damaged(Exception):
-    """A checkpoint that cannot be read back as it was written."""
-
-
 class Checkpointer:
     """Checkpoints under `directory/<epochs done>/`; keeps the newest `max_to_keep`.
 
     placement: where restored arrays go (replicated over its mesh, if any).
-    cleanup: remove unfinished saves left by a killed run (only a run that writes here
-    may: another command reading the directory must not delete a save in progress).
+    Unfinished saves of a killed run are removed by `clean_leftovers`, which only a run
+    holding the workdir's lock may call (a reader must not delete a save in progress).
+    Orbax's own clean-up is not used: it runs on a background thread that can outlive a
+    run stopped by an error and print a traceback at exit.
     """
 
-    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, placement: Placement | None = None,
-                 cleanup: bool = False):
+    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, placement: Placement | None = None):
         ocp = _ocp()
         self.directory = Path(directory).absolute()
         self.place = placement or Placement.single()
         self.damaged: list = []  # [(step, reason)] skipped by the last restore
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False,
-                                               cleanup_tmp_directories=cleanup)
+        # create=False: a command that only reads a run must not add a folder to it; save makes it.
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=False, enable_async_checkpointing=False,
+                                               cleanup_tmp_directories=False)
         meta_handler = ocp.JsonCheckpointHandler()
         delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
         if delay > 0:
@@ -95,7 +94,14 @@ class Checkpointer:
             raise TrainingDiverged(
                 f"the train state became NaN/inf by {where} (epoch {epochs_done}; first: {bad}); training stopped, "
                 f"last good checkpoint: {f'epoch {last}' if last else 'none'} in {self.directory}")
+        # Orbax writes on background threads, which log their error (with a traceback) before
+        # it reaches this thread; here it becomes one line, so their log is held back.
+        absl = logging.getLogger("absl")
+        absl.addFilter(_background_error)
+        _drop_failed_reads()  # a failing write's late callbacks report while the save unwinds
         try:
+            if self.place.is_main:
+                self.directory.mkdir(parents=True, exist_ok=True)
             self._manager.save(
                 epochs_done,
                 args=ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -103,12 +109,31 @@ class Checkpointer:
             )
             self._manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - OSError, or a tensorstore error for a full disk
+            _drop_failed_writes(self.directory)
+            if self.place.is_main:  # the unfinished save: it would only take space
+                for p in self.directory.glob(f"{epochs_done}{TMP_MARK}*"):
+                    shutil.rmtree(p, ignore_errors=True)
             try:
                 kept = [s for s in self._manager.all_steps() if s != epochs_done]
             except Exception:  # noqa: BLE001 - the directory itself may be gone
                 kept = []
-            raise UserError(f"cannot write checkpoint {epochs_done} in {self.directory}: {_short(e)} "
+            raise UserError(f"cannot write checkpoint {epochs_done} in {self.directory}: {_reason(e)} "
                             f"(earlier checkpoints kept: {', '.join(map(str, kept)) or 'none'})") from e
+        finally:
+            absl.removeFilter(_background_error)
+
+    def clean_leftovers(self) -> list:
+        """Remove the unfinished saves of a killed run (`<step>.orbax-checkpoint-tmp*`)."""
+        gone = []
+        if self.place.is_main and self.directory.is_dir():
+            for p in self.directory.iterdir():
+                if TMP_MARK in p.name:
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                    gone.append(p)
+        _sync("flaxport-clean-leftovers", self.place)
+        if gone:
+            self._manager.reload()
+        return gone
 
     def restore(self, target_state, expect_meta: dict, epochs_done: int | None = None):
         """(state, meta) of checkpoint `epochs_done`, or of the newest good one; shaped like target_state.
@@ -270,6 +295,35 @@ def _drop_failed_reads() -> None:
 
     quiet._flaxport = True
     sys.unraisablehook = quiet
+    logging.getLogger("asyncio").addFilter(unretrieved)
+
+
+def _background_error(record) -> bool:
+    """False for Orbax's log of an error raised on its save threads (re-raised in the caller)."""
+    return "raised an exception" not in record.getMessage()
+
+
+def _reason(e: Exception) -> str:
+    """The OS's words for a failed write (tensorstore wraps them in a long message), else _short(e)."""
+    from flaxport.harness.store import _reason as os_reason
+
+    text = os_reason(e)
+    return text if len(text) < 80 else _short(e)
+
+
+def _drop_failed_writes(directory: Path) -> None:
+    """After a failed save, what Orbax abandoned reports later, each with a traceback, after
+    the one line that already said it: tensorstore writes that finish and call back into
+    Orbax's closed event loop ("RuntimeError: Event loop is closed", as _drop_failed_reads
+    silences), and asyncio's "exception was never retrieved" for the other writes into the
+    unfinished save (their messages name its folder, `directory/<step>.orbax-checkpoint-tmp`)."""
+    _drop_failed_reads()
+    where = str(directory)
+
+    def unretrieved(record) -> bool:
+        text = record.getMessage()
+        return not ("never retrieved" in text and where in text)
+
     logging.getLogger("asyncio").addFilter(unretrieved)
 
 

@@ -13,11 +13,11 @@ from typing import Any
 import jax
 
 from flaxport.harness import rng
-from flaxport.harness.checkpoint import Checkpointer
 from flaxport.harness.distributed import ShareFeed, make_placement
 from flaxport.harness.epoch import ResidentFeed, make_runner
 from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
-from flaxport.harness.workdir import prepare
+from flaxport.harness.store import open_store
+from flaxport.harness.workdir import claim, write_pictures
 
 
 @dataclasses.dataclass
@@ -59,27 +59,21 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
     place = make_placement(devices, config.batch_size)
     quiet = quiet or not place.is_main  # one process speaks and writes files
     identity = {"workload": workload.name, "framework": "jax"}
-    workdir = prepare(workdir, identity, {**dataclasses.asdict(config), "seed": seed, "runner": runner_kind},
-                      resume, _has_orbax_checkpoint, write=place.is_main)
-    local_keys = rng.streams(seed)
-    state = (init_state or workload.init_state)(config, local_keys["init"])
-    keys = place.replicate(local_keys)
-    meta = {**identity, "variant": config.variant, "seed": seed}
-
-    ckpt = Checkpointer(workdir / "checkpoints", placement=place, cleanup=True) if checkpoints else None
+    workdir = Path(workdir)
+    held = claim(workdir, identity, resume=resume, has_checkpoint=_has_orbax_checkpoint, write=place.is_main)
+    ckpt = None
     try:
-        start = 0
+        local_keys = rng.streams(seed)
+        state = (init_state or workload.init_state)(config, local_keys["init"])
+        keys = place.replicate(local_keys)
+        meta = {**identity, "variant": config.variant, "seed": seed}
+        ckpt = open_store("jax", workdir / "checkpoints", placement=place) if checkpoints else None
+        start, resumed = 0, False
         if resume and ckpt is not None and ckpt.latest() is not None:
-            state, saved = ckpt.restore(state, meta)
-            start = int(saved["epochs_done"])
-            for moved in ckpt.set_aside_damaged():
-                info(f"moved the damaged checkpoint to {moved}")
-            if not quiet:
-                info(f"resuming {workload.name} from epoch {start} in {workdir}")
+            state, saved = ckpt.restore(state, meta)  # refuses another run's checkpoint: nothing written yet
+            start, resumed = int(saved["epochs_done"]), True
         else:
             state = place.replicate(state)
-        if start >= epochs and not quiet:
-            info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
         steps = steps_per_epoch(data, config.batch_size)
         if place.multi_process:
             feed = ShareFeed(data.train, config.batch_size, steps, place, local_keys["data"])
@@ -88,6 +82,16 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                                 place.batch_sharding())
         run = make_runner(runner_kind, workload.make_train_step(config), steps, feed, place)
         compile_seconds = run.compile(state, feed.spec(), keys) if start < epochs else 0.0
+        if start < epochs:  # every check passed: from here on the run changes its workdir
+            held.commit({**dataclasses.asdict(config), "seed": seed, "runner": runner_kind})
+            if ckpt is not None:
+                ckpt.clean_leftovers()
+                for moved in ckpt.set_aside_damaged():
+                    info(f"moved the damaged checkpoint to {moved}")
+        if resumed and not quiet:
+            info(f"resuming {workload.name} from epoch {start} in {workdir}")
+        if start >= epochs and not quiet:
+            info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
         quality, artifacts = {}, {}
 
         def evaluate():
@@ -112,7 +116,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         if not log.history:  # nothing trained (resumed a finished run): still report its quality
             quality, artifacts = evaluate()
         if place.is_main:
-            workload.write_pictures(workdir, data, artifacts, f"{workload.name} {name}, epoch {max(start, epochs)}")
+            write_pictures(workload, workdir, data, artifacts, f"{workload.name} {name}, epoch {max(start, epochs)}")
         settings = {"runner": runner_kind, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
                     "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
                     "devices": place.devices, "processes": place.processes}
@@ -122,3 +126,4 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         # Orbax runs a background event loop: close it on every path, errors included.
         if ckpt is not None:
             ckpt.close()
+        held.release()

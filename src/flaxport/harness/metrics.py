@@ -28,16 +28,21 @@ class MetricsWriter:
                 pass
 
     def _truncate(self, epochs_done: int):
-        kept = []
+        kept, text = [], ""
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
+            text = self.path.read_text()
+            for line in text.splitlines():
                 try:
                     rec = json.loads(line)
                 except ValueError:
                     continue  # a line cut by a crash mid-write
-                if rec.get("epoch", 0) <= epochs_done:
+                if isinstance(rec, dict) and isinstance(rec.get("epoch"), int) and rec["epoch"] <= epochs_done:
                     kept.append(line)
-        self.path.write_text("".join(l + "\n" for l in kept))
+        new = "".join(l + "\n" for l in kept)
+        if new != text:  # atomically: a crash here must not lose the records kept
+            from flaxport.harness.workdir import write_text
+
+            write_text(self.path, new)
 
     def write(self, record: dict) -> None:
         try:

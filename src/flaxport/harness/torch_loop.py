@@ -13,17 +13,17 @@ import dataclasses
 import importlib
 import inspect
 import os
-import tempfile
 import time
 import zlib
 from pathlib import Path
 
 import numpy as np
 
-from flaxport.errors import UserError
+from flaxport.errors import TrainingDiverged
 from flaxport.harness.loop import RunResult
 from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
-from flaxport.harness.workdir import prepare
+from flaxport.harness.store import open_store
+from flaxport.harness.workdir import claim, write_pictures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,58 +71,9 @@ def tune_threads(torch, twin, config, ts, batch, candidates=None, steps: int = 3
     return best
 
 
-def _ckpt_dir(workdir: Path) -> Path:
-    return Path(workdir) / "checkpoints"
-
-
-def _epochs_of(d: Path, suffix: str) -> list[int]:
-    return [int(p.name[6:-len(suffix)]) for p in d.glob(f"epoch_*{suffix}") if p.name[6:-len(suffix)].isdigit()]
-
-
-def latest(workdir: Path, suffix: str = ".pt"):
-    """Epochs done by the newest `checkpoints/epoch_N{suffix}` in workdir, or None."""
-    d = _ckpt_dir(workdir)
-    done = _epochs_of(d, suffix) if d.is_dir() else []
-    return max(done) if done else None
-
-
-def save_file(workdir: Path, epochs_done: int, write, suffix: str = ".pt", keep: int = 3) -> None:
-    """write(tmp_path) a checkpoint, then rename it to epoch_N{suffix}: never half a file under
-    the final name. Keeps the newest `keep`. A loop that is not torch's passes its own writer."""
-    d = _ckpt_dir(workdir)
-    d.mkdir(exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="tmp-epoch-", suffix=suffix)  # torch rejects dot-names
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, d / f"epoch_{epochs_done}{suffix}")
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise UserError(f"cannot write checkpoint in {d}: {e.strerror or e}") from e
-    for n in sorted(_epochs_of(d, suffix))[:-keep]:
-        (d / f"epoch_{n}{suffix}").unlink()
-
-
-def read_file(workdir, expect_meta: dict, read, suffix: str = ".pt"):
-    """(epochs_done, payload) of the newest checkpoint, payload = read(path) with a "meta"
-    dict that must agree with expect_meta; None if there is none."""
-    epochs_done = latest(Path(workdir), suffix)
-    if epochs_done is None:
-        return None
-    path = _ckpt_dir(workdir) / f"epoch_{epochs_done}{suffix}"
-    try:
-        payload = read(path)
-    except Exception as e:  # noqa: BLE001 - loaders raise many types for a bad file
-        raise UserError(f"checkpoint {path} is unreadable: {(str(e).splitlines() or [type(e).__name__])[0][:200]}") from e
-    for k, want in expect_meta.items():
-        if payload["meta"].get(k) != want:
-            raise UserError(f"checkpoint {path} is from {k}={payload['meta'].get(k)!r}, not {want!r}")
-    return epochs_done, payload
-
-
-def load_checkpoint(torch, workdir, expect_meta: dict):
-    """(epochs_done, payload) of the newest torch checkpoint in workdir, its meta checked; None if none."""
-    return read_file(workdir, expect_meta, lambda path: torch.load(path, weights_only=False))
+def checkpoint_store(workdir):
+    """The torch run's checkpoints, `workdir/checkpoints/epoch_N.pt` (harness/store.py)."""
+    return open_store("torch", Path(workdir) / "checkpoints")
 
 
 def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None, resume: bool = False,
@@ -134,8 +85,9 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
     twin = importlib.import_module(workload.torch_twin)
     epochs = config.epochs if epochs is None else epochs
     identity = {"workload": workload.name, "framework": "torch"}
-    workdir = prepare(workdir, identity, {**dataclasses.asdict(config), "seed": seed, "torch": dataclasses.asdict(options)},
-                      resume, lambda w: latest(w) is not None)
+    store = checkpoint_store(workdir)
+    held = claim(workdir, identity, resume=resume, has_checkpoint=lambda w: store.latest() is not None)
+    workdir = held.path
     old_threads = torch.get_num_threads()
     try:
         # Only conv twins take a memory format; the option means nothing to an MLP.
@@ -144,13 +96,9 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         ts = twin.init_state(config, seed, fused=options.fused, set_to_none=options.set_to_none, **extra)
         meta = {**identity, "variant": config.variant, "seed": seed}
         start, saved_threads = 0, None
-        found = load_checkpoint(torch, workdir, meta) if resume else None
-        if found is not None:
-            start, payload = found
-            ts.load_state_dict(payload["state"])
-            saved_threads = payload["meta"].get("threads")
-            if not quiet:
-                info(f"resuming {workload.name} (torch) from epoch {start} in {workdir}")
+        if resume and store.latest() is not None:
+            _, saved = store.restore(ts, meta)  # refuses another run's checkpoint: nothing written yet
+            start, saved_threads = int(saved["epochs_done"]), saved.get("threads")
         # torch's reductions round differently with another thread count, so a resumed
         # run keeps the count its checkpoint was trained with: resume stays exact.
         if options.threads == "auto" and saved_threads:
@@ -166,6 +114,15 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
             torch.set_num_threads(threads)
         if options.compile:
             twin.compile_models(ts)
+        if start < epochs:  # every check passed: from here on the run changes its workdir
+            held.commit({**dataclasses.asdict(config), "seed": seed, "torch": dataclasses.asdict(options)})
+            store.clean_leftovers()
+            for moved in store.set_aside_damaged():
+                info(f"moved the damaged checkpoint to {moved}")
+        if start and not quiet:
+            info(f"resuming {workload.name} (torch) from epoch {start} in {workdir}")
+        if start >= epochs and not quiet:
+            info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
         arrays = data.train
         bs = config.batch_size
         steps = steps_per_epoch(data, bs)
@@ -193,7 +150,16 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                     else:
                         idx = perm[i * bs:(i + 1) * bs]
                         batch = {k: torch.from_numpy(v[idx]) for k, v in arrays.items()}  # the twin converts
-                    m = twin.train_step(config, ts, batch, gen)
+                    try:
+                        m = twin.train_step(config, ts, batch, gen)
+                    except RuntimeError as e:  # torch's optimizers refuse a step float32 cannot hold
+                        if "overflow" not in str(e):
+                            raise
+                        last = store.latest()
+                        raise TrainingDiverged(
+                            f"the update overflowed float32 at step {epoch * steps + i + 1} (epoch {epoch + 1}); "
+                            f"training stopped, last good checkpoint: {f'epoch {last}' if last else 'none'} in "
+                            f"{store.directory}") from e
                     per_step.append({k: v.item() for k, v in m.items()} if options.sync_each_step else m)
                     if (i + 1) % 200 == 0:
                         log.advance(200)
@@ -204,16 +170,17 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 seconds = time.perf_counter() - t0
                 quality, artifacts = log.end(epoch, step_metrics, seconds, seconds, evaluate)
                 if checkpoints:
-                    payload = {"state": ts.state_dict(),
-                               "meta": {**meta, "epochs_done": epoch + 1, "threads": torch.get_num_threads()}}
-                    save_file(workdir, epoch + 1, lambda tmp: torch.save(payload, tmp))
+                    store.save(epoch + 1, ts.state_dict(),
+                               {**meta, "epochs_done": epoch + 1, "threads": torch.get_num_threads()},
+                               step=(epoch + 1) * steps)
         finally:
             log.close()
         if not log.history:
             quality, artifacts = evaluate()
-        workload.write_pictures(workdir, data, artifacts, f"{workload.name} {options.name}, epoch {max(start, epochs)}")
+        write_pictures(workload, workdir, data, artifacts, f"{workload.name} {options.name}, epoch {max(start, epochs)}")
         settings = {**dataclasses.asdict(options), "threads": torch.get_num_threads(),
                     "channels_last": bool(extra.get("channels_last"))}  # only where the twin applies it
         return RunResult(options.name, "torch", log.epoch_seconds, 0.0, quality, log.history, ts, artifacts, settings)
     finally:
         torch.set_num_threads(old_threads)
+        held.release()

@@ -22,7 +22,7 @@ from flaxport.errors import TrainingDiverged, UserError
 from flaxport.harness.loop import RunResult
 from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
 from flaxport.harness.torch_loop import TUNED, stream_seed
-from flaxport.harness.workdir import prepare
+from flaxport.harness.workdir import claim
 
 NAME = "torch-vmap"
 
@@ -96,10 +96,21 @@ def train(workload, config, seeds: list, *, workdir, epochs: int | None = None, 
     identity = {"workload": workload.name, "framework": "torch"}
     options = dataclasses.replace(TUNED, name=NAME, channels_last=False)  # MLP twins: no memory format
     dirs = [workdir / f"seed{s}" for s in seeds]
-    for write in (False, True):
-        for d, s in zip(dirs, seeds):
-            prepare(d, identity, {**dataclasses.asdict(config), "seed": s, "torch": dataclasses.asdict(options)},
-                    False, lambda w: False, write=write)
+    held = []  # every member's workdir is claimed (checked, locked) before any is written
+    try:
+        for d in dirs:
+            held.append(claim(d, identity, resume=False, has_checkpoint=lambda w: False))
+        for h, s in zip(held, seeds):
+            h.commit({**dataclasses.asdict(config), "seed": s, "torch": dataclasses.asdict(options)})
+        return _train_claimed(torch, twin, vtwin, workload, config, seeds, options, dirs, epochs=epochs, data=data,
+                              quiet=quiet)
+    finally:
+        for h in reversed(held):
+            h.release()
+
+
+def _train_claimed(torch, twin, vtwin, workload, config, seeds, options, dirs, *, epochs, data, quiet) -> list:
+    """train, once every member's workdir is claimed and its config.json written."""
     old_threads = torch.get_num_threads()
     try:
         stack = Stack(torch, twin, vtwin, config, seeds)

@@ -20,6 +20,9 @@ Files: each member has its own workdir (`seed2/`, `lr=3e-4_seed2/`) with config.
 metrics.jsonl, pictures and, once the stack finishes, a checkpoint, so `evaluate`,
 `sample` and `train --resume` work on each. The stack checkpoints itself each epoch in
 `<workdir>/checkpoints` (one Orbax save of the stacked state), which `--resume` uses.
+The stack keeps a single run's promises (harness/workdir.py, harness/store.py): it locks
+its workdir and every member's, checks everything (members, seeds, the checkpoint it
+resumes) before any file changes, and its checkpoints are atomic and checksummed.
 A member whose loss or state turns NaN/inf is dropped (a warning, its metrics stop at
 its last good epoch); its slot trains on from its initial state, ignored.
 """
@@ -39,12 +42,12 @@ from jax import lax
 
 from flaxport.errors import TrainingDiverged, UserError
 from flaxport.harness import rng
-from flaxport.harness.checkpoint import Checkpointer
 from flaxport.harness.epoch import epoch_batches, step_key
 from flaxport.harness.loop import RunResult
 from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
 from flaxport.harness.progress import EpochProgress
-from flaxport.harness.workdir import prepare
+from flaxport.harness.store import open_store
+from flaxport.harness.workdir import claim
 
 NAME = "jax-vmap"
 
@@ -283,17 +286,34 @@ def _mib(n) -> str:
 # ----------------------------------------------------------------------------- the loop
 
 
-def _check_stack_dir(workdir: Path, resume: bool) -> None:
-    if (workdir / "config.json").exists():
-        raise UserError(f"workdir {workdir} holds a single run; choose another --workdir for a stack")
-    ckpt = workdir / "checkpoints"
-    if not resume and ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir()):
-        raise UserError(f"workdir {workdir} already holds checkpoints; pass --resume to continue or choose another --workdir")
-
-
-def _member_has_checkpoint(d: Path) -> bool:
+def _has_checkpoint(d: Path) -> bool:
     ckpt = d / "checkpoints"
     return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+
+
+def claim_stack(workdir: Path, dirs: list, identity: dict, resume: bool) -> list:
+    """Lock the stack's workdir and every member's, after their checks; nothing is written.
+
+    Returns the claims, the stack's first: commit each member's once every check of the
+    run has passed, release all of them at the end (`release_all`). A refusal (a single
+    run's workdir, checkpoints without --resume, another workload's member, a member in
+    use) releases what was claimed, removing the folders this call made."""
+    if (workdir / "config.json").exists():
+        raise UserError(f"workdir {workdir} holds a single run; choose another --workdir for a stack")
+    held = [claim(workdir, {}, resume=resume, has_checkpoint=_has_checkpoint)]
+    try:
+        for d in dirs:
+            held.append(claim(d, identity, resume=resume, has_checkpoint=_has_checkpoint))
+    except BaseException:
+        release_all(held)
+        raise
+    return held
+
+
+def release_all(held: list) -> None:
+    """Release claims, members before the stack (whose folder holds theirs)."""
+    for h in reversed(held):
+        h.release()
 
 
 def train_stack(workload, config, members: list, *, workdir, epochs: int | None = None, resume: bool = False,
@@ -326,14 +346,22 @@ def train_stack(workload, config, members: list, *, workdir, epochs: int | None 
         raise UserError(f"{workload.name} cannot be vectorised with these settings: {first}") from e
     check_memory(workload, config, k, data, steps, runner)
 
-    _check_stack_dir(workdir, resume)
     identity = {"workload": workload.name, "framework": "jax"}
     dirs = [workdir / m.name for m in members]
     saved_configs = [{**dataclasses.asdict(c), "seed": m.seed, "runner": "scan"} for c, m in zip(configs, members)]
-    for write in (False, True):  # every member's checks pass before any file is written
-        for d, c in zip(dirs, saved_configs):
-            prepare(d, identity, c, resume, _member_has_checkpoint, write=write)
+    held = claim_stack(workdir, dirs, identity, resume)
+    try:
+        return _train_claimed(workload, config, members, configs, saved_configs, runner, compile_seconds, held,
+                              workdir=workdir, dirs=dirs, identity=identity, epochs=epochs, resume=resume, data=data,
+                              steps=steps, checkpoints=checkpoints, progress=progress, quiet=quiet, name=name)
+    finally:
+        release_all(held)
 
+
+def _train_claimed(workload, config, members, configs, saved_configs, runner, compile_seconds, held, *, workdir,
+                   dirs, identity, epochs, resume, data, steps, checkpoints, progress, quiet, name) -> list:
+    """train_stack, once the stack's and every member's workdir are claimed (nothing written yet)."""
+    k = len(members)
     member_keys = [rng.streams(m.seed) for m in members]
     states = [workload.init_state(c, kk["init"]) for c, kk in zip(configs, member_keys)]
     treedefs = [jax.tree_util.tree_structure(s) for s in states]
@@ -346,18 +374,24 @@ def train_stack(workload, config, members: list, *, workdir, epochs: int | None 
             "seeds": [m.seed for m in members]}
     dropped: dict = {}  # member name -> why
 
-    ckpt = Checkpointer(workdir / "checkpoints", cleanup=True) if checkpoints else None
+    ckpt = open_store("jax", workdir / "checkpoints") if checkpoints else None
     logs = []
     try:
         start = 0
         if resume and ckpt is not None and ckpt.latest() is not None:
-            state, saved = ckpt.restore(state, meta)
+            state, saved = ckpt.restore(state, meta)  # refuses another stack's checkpoint: nothing written yet
             start = int(saved["epochs_done"])
             dropped = dict(saved.get("dropped", {}))
-            for moved in ckpt.set_aside_damaged():
-                info(f"moved the damaged checkpoint to {moved}")
-            if not quiet:
-                info(f"resuming the {k}-member {workload.name} stack from epoch {start} in {workdir}")
+        if start < epochs:  # every check passed: from here on the stack changes its workdirs
+            held[0].commit(None)  # the stack's own folder holds no config.json (that marks a single run)
+            for h, c in zip(held[1:], saved_configs):
+                h.commit(c)
+            if ckpt is not None:
+                ckpt.clean_leftovers()
+                for moved in ckpt.set_aside_damaged():
+                    info(f"moved the damaged checkpoint to {moved}")
+        if resume and start and not quiet:
+            info(f"resuming the {k}-member {workload.name} stack from epoch {start} in {workdir}")
         if start >= epochs and not quiet:
             info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
         data_dev = jax.device_put(data.train)
@@ -438,8 +472,9 @@ def _evaluate(workload, config, state, data, keys):
 
 def _save_member(workdir: Path, state, meta: dict, epochs_done: int) -> None:
     """The member's own single-run checkpoint (what evaluate, sample and --resume read)."""
-    ckpt = Checkpointer(workdir / "checkpoints", cleanup=True)
-    try:
+    ckpt = open_store("jax", workdir / "checkpoints")
+    try:  # the member's workdir is claimed by the stack: its unfinished saves may go
+        ckpt.clean_leftovers()
         if ckpt.latest() != epochs_done:
             ckpt.save(epochs_done, state, {**meta, "epochs_done": epochs_done})
     finally:

@@ -59,6 +59,8 @@ def torch_dropout(mode: str, rng: np.random.Generator, log: DropoutLog):
     import torch
     from torch.overrides import TorchFunctionMode
 
+    import torch.nn.functional as F
+
     functions = _dropout_functions()
     alpha = _alpha_functions()
 
@@ -68,6 +70,8 @@ def torch_dropout(mode: str, rng: np.random.Generator, log: DropoutLog):
             if func in alpha:
                 raise UserError(f"{func.__name__} in train mode cannot be matched between frameworks: check in eval "
                                 "mode, or replace it while checking")
+            if func is F.scaled_dot_product_attention:
+                return _attention(func, args, kwargs, mode, rng, log)
             if func not in functions:
                 return func(*args, **kwargs)
             bound = inspect.signature(func).bind(*args, **kwargs)
@@ -122,6 +126,40 @@ def fit_mask(mask, shape, channels_first: bool, index: int):
                                f"input {tuple(shape)}")
 
 
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+
+
+def _attention(func, args, kwargs, mode, rng, log):
+    """F.scaled_dot_product_attention with its dropout_p off (mode 'off') or drawn from `rng` and
+    logged like a dropout call on the attention weights (N, ..., L, S) ('equal'), in torch's math form."""
+    import math
+
+    import torch
+
+    a = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+    p = float(a.get("dropout_p", 0.0))
+    if p == 0.0:
+        return func(*args, **kwargs)
+    if mode == "off":
+        return func(**{**a, "dropout_p": 0.0})
+    q, k, v = a["query"], a["key"], a["value"]
+    if a.get("enable_gqa"):
+        k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
+        v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
+    scale = a.get("scale") or 1.0 / math.sqrt(q.size(-1))
+    w = q @ k.transpose(-2, -1) * scale
+    if a.get("is_causal"):
+        w = w.masked_fill(~torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).tril(), float("-inf"))
+    mask = a.get("attn_mask")
+    if mask is not None:
+        w = w.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else w + mask
+    w = torch.softmax(w, dim=-1)
+    keep = rng.random(tuple(w.shape)) >= p
+    scaled = (keep / (1.0 - p)).astype(torch.empty((), dtype=w.dtype).numpy().dtype)
+    log.masks.append((scaled, p, "scaled_dot_product_attention"))
+    return (w * torch.from_numpy(scaled).to(w.device)) @ v
+
+
 class FlaxMasks:
     """The Flax side's dropout calls, in order, take the torch side's masks (traced arrays)."""
 
@@ -165,24 +203,41 @@ class FlaxMasks:
             yield self
 
     @contextlib.contextmanager
-    def nnx(self):
-        """Replace nnx.Dropout.__call__ for the duration (a trace)."""
+    def nnx(self, recurrent=()):
+        """Replace nnx.Dropout.__call__ for the duration (a trace). recurrent: the NNX classes of
+        torch RNNs (a translation's LSTM / GRU): dropout inside their calls is the between-layer
+        dropout, off as silence_recurrent_dropout turns it off in torch."""
         from flax import nnx
 
         original = nnx.Dropout.__call__
         masks = self
+        depth = [0]
 
         def call(mod, inputs, *, deterministic=None, rngs=None):
             det = deterministic if deterministic is not None else mod.deterministic
             if det:
                 return inputs
-            return masks.apply(inputs, float(mod.rate), False)
+            return masks.apply(inputs, float(mod.rate), depth[0] > 0)
 
+        def counted(method):
+            def inside(*args, **kwargs):
+                depth[0] += 1
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    depth[0] -= 1
+            return inside
+
+        patched = [(cls, cls.__dict__["__call__"]) for cls in recurrent if "__call__" in cls.__dict__]
         nnx.Dropout.__call__ = call
+        for cls, method in patched:
+            cls.__call__ = counted(method)
         try:
             yield self
         finally:
             nnx.Dropout.__call__ = original
+            for cls, method in patched:
+                cls.__call__ = method
 
 
 def describe(mode: str, counts: list, notes: list) -> str:

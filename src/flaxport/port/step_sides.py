@@ -205,6 +205,9 @@ class NNXSide:
         from flax import nnx
 
         graphdef = self.graphdef
+        # the translation's RNN layers (torch's between-layer dropout is off: silence_recurrent_dropout)
+        recurrent = [c for c in getattr(self.t, "namespace", {}).values()
+                     if isinstance(c, type) and any(b.__name__ == "_RNNBase" for b in c.__mro__)]
 
         def loss_of(params, rest, xs, ys, masks, rngs):
             import jax
@@ -213,7 +216,7 @@ class NNXSide:
             # BatchNorm statistics created at the outer (jit) level from inside the gradient's trace.
             model = nnx.merge(graphdef, params, jax.tree.map(lambda a: a, rest))
             fm = FlaxMasks(masks, dropout_mode, False)
-            with fm.nnx():
+            with fm.nnx(recurrent):
                 out = model(*xs)
             fm.finish()
             _, _, new_rest = nnx.split(model, nnx.Param, ...)

@@ -13,6 +13,8 @@
       (dropout off on both sides): outputs, BatchNorm running statistics and counters
   translate_function(fn, *example_args, **example_kwargs) -> a function on JAX arrays
       (e.g. a loss: translate_function(F.cross_entropy, logits, targets))
+  write_train_step(t, torch_module, optimizer, loss) -> TrainStep: train_step.py's source
+      (the optimizer as optax, the loss in JAX, a jitted step) and its proof; t.save writes it
 
 Importing this package imports neither torch nor JAX; the functions do.
 """
@@ -34,4 +36,13 @@ def translate_function(fn, *example_args, **example_kwargs):
     return _tf(fn, *example_args, **example_kwargs)
 
 
-__all__ = ["ExportError", "TranslateError", "UnsupportedOpsError", "translate", "translate_function"]
+def write_train_step(t, module, optimizer, loss, batch=None, check=True):
+    from flaxport.translate.train_step import write_train_step as _wts
+
+    return _wts(t, module, optimizer, loss, batch=batch, check=check)
+
+
+write_train_step.__doc__ = """train_step.py for a translation (see flaxport.translate.train_step.write_train_step)."""
+
+__all__ = ["ExportError", "TranslateError", "UnsupportedOpsError", "translate", "translate_function",
+           "write_train_step"]

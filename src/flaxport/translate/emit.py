@@ -29,13 +29,18 @@ def _runtime_sources() -> dict:
         tree = ast.parse(text)
         lines = text.splitlines()
         for node in tree.body:
+            refs = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            refs |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 start = node.lineno - 1 - len(node.decorator_list)
-                source = "\n".join(lines[start:node.end_lineno])
-                refs = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-                refs |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-                out[node.name] = (order, source, refs)
+                out[node.name] = (order, "\n".join(lines[start:node.end_lineno]), refs)
                 order += 1
+            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
+                    isinstance(node.value.func, ast.Attribute) and isinstance(node.value.func.value, ast.Name) and \
+                    node.value.func.value.id in out:  # `f.defvjp(fwd, bwd)`: part of f's definition
+                name = node.value.func.value.id
+                o, source, own = out[name]
+                out[name] = (o, source + "\n\n\n" + "\n".join(lines[node.lineno - 1:node.end_lineno]), own | refs)
     return out
 
 
@@ -148,7 +153,7 @@ def module_source(plan, header: str) -> str:
 
 def _imports(code: str) -> list:
     lines = []
-    std = [m for m in ("json", "math", "os") if re.search(rf"\b{m}\.", code)]
+    std = [m for m in ("functools", "json", "math", "os") if re.search(rf"\b{m}\.", code)]
     lines += [f"import {m}" for m in std]
     if std:
         lines.append("")
@@ -171,89 +176,7 @@ def _strip_runtime_imports(text: str) -> str:
 
 # --------------------------------------------------------------------------- formatting
 def format_source(text: str) -> str:
-    """black when installed, else: wrap lines longer than WIDTH at their outermost argument commas."""
-    try:
-        import black
+    """The file as black formats it, lines up to WIDTH: what a careful person commits."""
+    import black
 
-        return black.format_str(text, mode=black.Mode(line_length=WIDTH))
-    except ImportError:
-        pass
-    out = []
-    for line in text.splitlines():
-        out += wrap(line)
-    return "\n".join(out) + "\n"
-
-
-def wrap(line: str, width: int = WIDTH) -> list:
-    """A long line split after the opening bracket of its outermost call, one argument group per line."""
-    if len(line) <= width or line.lstrip().startswith(("#", '"')):
-        return [line]
-    indent = len(line) - len(line.lstrip())
-    spans = _brackets(line)
-    for open_i, close_i in spans:
-        inner = line[open_i + 1:close_i]
-        parts = _split_commas(inner)
-        if len(parts) < 2 and len(line) - len(inner) > width:
-            continue
-        head = line[:open_i + 1]
-        tail = line[close_i:]
-        pad = " " * (indent + 4)
-        rows, cur = [], ""
-        for p in parts:
-            piece = p.strip()
-            cand = f"{cur}, {piece}" if cur else piece
-            if len(pad) + len(cand) + 1 > width and cur:
-                rows.append(cur + ",")
-                cur = piece
-            else:
-                cur = cand
-        rows.append(cur)
-        result = [head]
-        for r in rows:
-            result += wrap(pad + r, width)
-        result.append(" " * indent + tail)
-        return result
-    return [line]
-
-
-def _brackets(line: str) -> list:
-    """(open, close) index pairs of bracket groups at depth 0 in the line, longest first."""
-    stack, pairs, quote = [], [], None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote and line[i - 1] != "\\":
-                quote = None
-            continue
-        if ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            stack.append(i)
-        elif ch in ")]}" and stack:
-            start = stack.pop()
-            if not stack:
-                pairs.append((start, i))
-    return sorted(pairs, key=lambda p: p[0] - p[1])
-
-
-def _split_commas(text: str) -> list:
-    parts, depth, cur, quote = [], 0, "", None
-    for i, ch in enumerate(text):
-        if quote:
-            cur += ch
-            if ch == quote and text[i - 1] != "\\":
-                quote = None
-            continue
-        if ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur)
-    return parts
+    return black.format_str(text, mode=black.Mode(line_length=WIDTH))

@@ -79,12 +79,30 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
 def _header(module, captures) -> str:
     cls = type(module)
     c = next(iter(captures.values()))
-    shapes = ", ".join(f"{n} {tuple(int(s) if str(s).isdigit() else str(s) for s in p.meta['val'].shape)}"
-                       for n, p in zip(c.input_access, c.user_inputs))
+    shapes = "".join(f"    {_input_shape(n, p.meta['val'])}\n" for n, p in zip(c.input_access, c.user_inputs))
     return (f"{cls.__qualname__} ({cls.__module__}) in Flax NNX, written by `flaxport translate`.\n\n"
-            f"Inputs in torch's layout: {shapes}. Parameters keep torch's names, shapes and layouts, so\n"
+            f"Inputs, in torch's layout (the example's shape):\n{shapes}\n"
+            "Parameters keep torch's names, shapes and layouts, so\n"
             "weights.safetensors is torch's state_dict. `load(directory)` returns the model with them;\n"
             "`model.train()` / `model.eval()` switch BatchNorm and dropout as in torch.\n")
+
+
+def _input_shape(name: str, value) -> str:
+    """'x (2, 3, 32, 32), any size along axes 0, 2 and 3': the example's shape, and the axes export
+    left free (a symbolic size)."""
+    sizes, free = [], []
+    for axis, size in enumerate(value.shape):
+        if str(size).isdigit():
+            sizes.append(str(int(size)))
+        else:
+            free.append(str(axis))
+            hint = getattr(getattr(size, "node", None), "hint", None)
+            sizes.append(str(hint) if hint is not None else str(size))
+    text = f"{name} ({', '.join(sizes)}{',' if len(sizes) == 1 else ''})"
+    if free:
+        axes = free[0] if len(free) == 1 else ", ".join(free[:-1]) + " and " + free[-1]
+        text += f", any size along axis {axes}" if len(free) == 1 else f", any size along axes {axes}"
+    return text
 
 
 class Translation:
@@ -102,6 +120,7 @@ class Translation:
         self.mode = mode
         self.notes = list(notes)
         self.report = None
+        self.train_step = None  # a train_step.TrainStep once write_train_step ran: save() writes train_step.py
         self.example_args, self.example_kwargs = args, kwargs
         from flaxport.translate.capture import signature_arguments
 
@@ -217,7 +236,8 @@ class Translation:
 
     # ------------------------------------------------------------------ files
     def save(self, directory) -> Path:
-        """Write model.py, weights.safetensors and parity.md into `directory` (created)."""
+        """Write model.py, weights.safetensors and parity.md (and train_step.py, when
+        write_train_step made one) into `directory` (created)."""
         import json
 
         from flaxport.translate.save import write_safetensors, write_text
@@ -236,13 +256,16 @@ class Translation:
         write_safetensors(directory / "weights.safetensors", arrays,
                           {"nnx_paths": json.dumps(paths), "mode": self.mode,
                            "torch_class": f"{self.torch_class.__module__}.{self.torch_class.__qualname__}"})
+        if self.train_step is not None:
+            write_text(directory / "train_step.py", self.train_step.source)
         write_text(directory / "parity.md", self.parity_markdown())
         return directory
 
     def parity_markdown(self) -> str:
         from flaxport.translate.proof import markdown
 
-        return markdown(self)
+        text = markdown(self)
+        return text + self.train_step.markdown() if self.train_step is not None and self.train_step.report else text
 
     # ------------------------------------------------------------------ summary
     @property

@@ -10,6 +10,7 @@ Numerics follow torch's CPU kernels (docs/porting.md): explicit padding per side
 windows with `ceil_mode` and `count_include_pad`, interpolation source indices computed
 as torch computes them, two-pass (biased) variances for the norms.
 """
+import functools
 import math
 
 import jax
@@ -18,26 +19,42 @@ import numpy as np
 from jax import lax
 
 
+def _channels_last(x, n):
+    """(..., C, *S) -> (..., *S, C) for n spatial axes.
+
+    XLA:CPU convolves, pools and normalises channels-last, and on torch's layout it wraps
+    each such op in transposes of its own, which it does not cancel between ops. So these
+    functions compute channels-last inside and transpose at their edges: between two
+    layers the transposes meet (through elementwise ops too) and XLA removes them, and
+    torch-layout code runs as fast as channels-last code.
+    """
+    return jnp.moveaxis(x, x.ndim - n - 1, -1)
+
+
+def _channels_first(x, n):
+    """(..., *S, C) -> (..., C, *S) for n spatial axes (undoes _channels_last)."""
+    return jnp.moveaxis(x, -1, x.ndim - n - 1)
+
+
 def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, channels_last=False):
     """torch's conv1d/2d/3d: x (N, C, *S), weight (O, C/groups, *K) -> (N, O, *S').
 
     channels_last: x and the result are (N, *S, C) (the weight keeps torch's layout).
     """
     n = weight.ndim - 2
+    if not channels_last:
+        y = conv(_channels_last(x, n), weight, bias, stride, padding, dilation, groups, channels_last=True)
+        return _channels_first(y, n)
     stride, dilation = _tuple(stride, n), _tuple(dilation, n)
     if isinstance(padding, str):  # 'valid' / 'same' (stride 1): torch puts the odd cell at the end
         total = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
         padding = [(0, 0)] * n if padding == "valid" else [(t // 2, t - t // 2) for t in total]
     else:
         padding = [(p, p) for p in _tuple(padding, n)]
-    spatial = "DHW"[-n:] if n <= 3 else None
-    if channels_last:
-        y = lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
-                                     dimension_numbers=("N" + spatial + "C", "OI" + spatial, "N" + spatial + "C"))
-        return y if bias is None else y + bias
+    spatial = "DHW"[-n:]
     y = lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
-                                 dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial))
-    return y if bias is None else y + bias.reshape((-1,) + (1,) * n)
+                                 dimension_numbers=("N" + spatial + "C", "OI" + spatial, "N" + spatial + "C"))
+    return y if bias is None else y + bias
 
 
 def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
@@ -48,6 +65,10 @@ def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, 
     (docs/porting.md, entry 7); padding d(k-1)-p per side plus output_padding at the end.
     """
     n = weight.ndim - 2
+    if not channels_last:
+        y = conv_transpose(_channels_last(x, n), weight, bias, stride, padding, output_padding, groups, dilation,
+                           channels_last=True)
+        return _channels_first(y, n)
     stride, padding, dilation = _tuple(stride, n), _tuple(padding, n), _tuple(dilation, n)
     output_padding = _tuple(output_padding, n)
     c, o = weight.shape[0], weight.shape[1]
@@ -57,12 +78,10 @@ def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, 
     pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
             for d, k, p, op in zip(dilation, weight.shape[2:], padding, output_padding)]
     spatial = "DHW"[-n:]
-    layout = "N" + spatial + "C" if channels_last else "NC" + spatial
     y = lax.conv_general_dilated(x, w, (1,) * n, pads, lhs_dilation=stride, rhs_dilation=dilation,
-                                 feature_group_count=groups, dimension_numbers=(layout, "OI" + spatial, layout))
-    if bias is None:
-        return y
-    return y + bias if channels_last else y + bias.reshape((-1,) + (1,) * n)
+                                 feature_group_count=groups,
+                                 dimension_numbers=("N" + spatial + "C", "OI" + spatial, "N" + spatial + "C"))
+    return y if bias is None else y + bias
 
 
 def _spatial(x, n, channels_last):
@@ -79,17 +98,40 @@ def _window(x, axes, values, fill):
 
 
 def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, channels_last=False):
-    """torch's max_pool1d/2d/3d over the spatial axes (padding counts as -inf)."""
+    """torch's max_pool1d/2d/3d over the spatial axes (padding counts as -inf); the gradient goes
+    to the first maximum of each window, as torch's does."""
     n = len(kernel_size)
+    if not channels_last:
+        y = max_pool(_channels_last(x, n), kernel_size, stride, padding, dilation, ceil_mode, channels_last=True)
+        return _channels_first(y, n)
     stride = _tuple(stride or kernel_size, n)
     padding, dilation = _tuple(padding, n), _tuple(dilation, n)
-    axes = _spatial(x, n, channels_last)
+    axes = _spatial(x, n, True)
     pads = [(p, p + _ceil_extra(x.shape[a], k, s, p, d, ceil_mode))
             for a, k, s, p, d in zip(axes, kernel_size, stride, padding, dilation)]
     # a NumPy init value: concrete under jit too, so JAX sees a max-pool it can differentiate
     lowest = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min, x.dtype)
+    if tuple(stride) == tuple(kernel_size) and set(dilation) == {1}:
+        # Windows that tile the input: pick each window's first maximum, whose gradient is a
+        # select (reduce_window's is a select_and_scatter, slow on XLA:CPU).
+        windows = _tiles(jnp.pad(x, _window(x, axes, pads, (0, 0)), constant_values=lowest), kernel_size)
+        first = jax.nn.one_hot(jnp.argmax(windows, axis=-1), windows.shape[-1], dtype=bool)
+        return jnp.sum(jnp.where(first, windows, 0), axis=-1)
     return lax.reduce_window(x, lowest, lax.max, _window(x, axes, kernel_size, 1), _window(x, axes, stride, 1),
                              _window(x, axes, pads, (0, 0)), window_dilation=_window(x, axes, dilation, 1))
+
+
+def _tiles(x, kernel_size):
+    """(N, *S, C) -> (N, *(S // K), C, prod(K)): the windows of a pool whose stride is its size
+    (cells past the last whole window dropped)."""
+    n = len(kernel_size)
+    lead = x.shape[:x.ndim - n - 1]
+    outs = [s // k for s, k in zip(x.shape[len(lead):-1], kernel_size)]
+    x = x[(...,) + tuple(slice(0, o * k) for o, k in zip(outs, kernel_size)) + (slice(None),)]
+    x = x.reshape(lead + tuple(d for o, k in zip(outs, kernel_size) for d in (o, k)) + x.shape[-1:])
+    b = len(lead)
+    order = list(range(b)) + [b + 2 * i for i in range(n)] + [x.ndim - 1] + [b + 2 * i + 1 for i in range(n)]
+    return x.transpose(order).reshape(lead + tuple(outs) + x.shape[-1:] + (-1,))
 
 
 def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None,
@@ -100,13 +142,20 @@ def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_incl
     without it only real cells count. divisor_override replaces the count.
     """
     n = len(kernel_size)
+    if not channels_last:
+        y = avg_pool(_channels_last(x, n), kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, channels_last=True)
+        return _channels_first(y, n)
     stride, padding = _tuple(stride or kernel_size, n), _tuple(padding, n)
-    axes = _spatial(x, n, channels_last)
+    axes = _spatial(x, n, True)
     sizes = [x.shape[a] for a in axes]
     extras = [_ceil_extra(size, k, s, p, 1, ceil_mode) for size, k, s, p in zip(sizes, kernel_size, stride, padding)]
     pads = _window(x, axes, [(p, p + e) for p, e in zip(padding, extras)], (0, 0))
-    total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, _window(x, axes, kernel_size, 1),
-                              _window(x, axes, stride, 1), pads)
+    if tuple(stride) == tuple(kernel_size):  # windows that tile the input: a reshape and a sum
+        total = jnp.sum(_tiles(jnp.pad(x, pads), kernel_size), axis=-1)
+    else:
+        total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, _window(x, axes, kernel_size, 1),
+                                  _window(x, axes, stride, 1), pads)
     if divisor_override:
         return total / divisor_override
     # The divisor of every window, from a ones-array the size of what it may count.
@@ -115,9 +164,7 @@ def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_incl
     else:
         ones = np.pad(np.ones(sizes), [(p, p + e) for p, e in zip(padding, extras)])
     counts = _window_sums(ones, kernel_size, stride)
-    if channels_last:
-        counts = counts[..., None]
-    return total / jnp.asarray(counts, x.dtype)
+    return total / jnp.asarray(counts[..., None], x.dtype)
 
 
 def _window_sums(a, kernel_size, stride):
@@ -228,23 +275,50 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, channels_last=False):
     """torch's group_norm: x (N, C, *S), statistics per (sample, group of C / num_groups channels)."""
-    if channels_last:  # (N, *S, C): groups are blocks of consecutive channels, as in torch
-        g = x.reshape(x.shape[:-1] + (num_groups, -1))
-        axes = tuple(range(1, x.ndim - 1)) + (x.ndim,)
-        mean = jnp.mean(g, axis=axes, keepdims=True)
-        var = jnp.mean(jnp.square(g - mean), axis=axes, keepdims=True)
-        y = ((g - mean) * lax.rsqrt(var + eps)).reshape(x.shape)
-        y = y if weight is None else y * weight
-        return y if bias is None else y + bias
-    n, c = x.shape[:2]
-    g = x.reshape((n, num_groups, -1))
-    mean = jnp.mean(g, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(g - mean), axis=-1, keepdims=True)
+    if not channels_last and x.ndim > 2:
+        y = group_norm(_channels_last(x, x.ndim - 2), num_groups, weight, bias, eps, channels_last=True)
+        return _channels_first(y, x.ndim - 2)
+    # (N, *S, C): groups are blocks of consecutive channels, as in torch
+    g = x.reshape(x.shape[:-1] + (num_groups, -1))
+    axes = tuple(range(1, x.ndim - 1)) + (x.ndim,)
+    mean = jnp.mean(g, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(g - mean), axis=axes, keepdims=True)
     y = ((g - mean) * lax.rsqrt(var + eps)).reshape(x.shape)
-    channel = (-1,) + (1,) * (x.ndim - 2)
-    if weight is not None:
-        y = y * weight.reshape(channel)
-    return y if bias is None else y + bias.reshape(channel)
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+def _batch_norm_forward(x, weight, bias, eps):
+    axes = tuple(range(x.ndim - 1))
+    mean = jnp.mean(x, axis=axes)
+    var = jnp.mean(jnp.square(x - mean), axis=axes)  # two passes, as torch
+    invstd = lax.rsqrt(var + eps)
+    xhat = (x - mean) * invstd
+    return (xhat * weight + bias, mean, var), (xhat, invstd, weight)
+
+
+def _batch_norm_backward(eps, res, cotangents):
+    # dx = invstd w (dy - mean(dy) - xhat mean(dy xhat)); the statistics feed running averages only
+    xhat, invstd, weight = res
+    dy = cotangents[0]
+    axes = tuple(range(dy.ndim - 1))
+    dbias = jnp.sum(dy, axis=axes)
+    dweight = jnp.sum(dy * xhat, axis=axes)
+    n = dy.size // dy.shape[-1]
+    return (invstd * weight) * (dy - dbias / n - xhat * (dweight / n)), dweight, dbias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def batch_norm_train(x, weight, bias, eps):
+    """Train-mode batch norm of x (N, *S, C) over all axes but the last -> (y, batch mean, biased var).
+
+    Its gradient is the closed form of torch's batch_norm_backward: two reductions per
+    channel where autodiff of the two-pass statistics makes four or five.
+    """
+    return _batch_norm_forward(x, weight, bias, eps)[0]
+
+
+batch_norm_train.defvjp(_batch_norm_forward, _batch_norm_backward)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from flaxport.translate.runtime.functions import conv, conv_transpose, group_norm, layer_norm
+from flaxport.translate.runtime.functions import (_channels_first, _channels_last, batch_norm_train, conv,
+                                                  conv_transpose, group_norm, layer_norm)
 
 
 class Buffer(nnx.Variable):
@@ -144,20 +145,20 @@ class _BatchNorm(nnx.Module):
             self.running_mean = self.running_var = self.num_batches_tracked = nnx.data(None)
 
     def __call__(self, x):
-        if self.channels_last:  # (N, *S, C)
-            axes, channel = tuple(range(x.ndim - 1)), (-1,)
-        else:  # (N, C, *S)
-            axes, channel = (0,) + tuple(range(2, x.ndim)), (1, -1) + (1,) * (x.ndim - 2)
+        if self.channels_last or x.ndim == 2:  # (N, *S, C) or (N, C)
+            return self._normalize(x)
+        return _channels_first(self._normalize(_channels_last(x, x.ndim - 2)), x.ndim - 2)
+
+    def _normalize(self, x):
+        """x (N, *S, C) -> normalised over all axes but the channels."""
+        c = x.shape[-1]
+        weight = jnp.ones((c,), x.dtype) if self.weight is None else self.weight[...]
+        bias = jnp.zeros((c,), x.dtype) if self.bias is None else self.bias[...]
         if self.use_running_average and self.running_mean is not None:
-            mean, var = self.running_mean[...], self.running_var[...]
-        else:
-            mean = jnp.mean(x, axis=axes)
-            var = jnp.mean(jnp.square(x - mean.reshape(channel)), axis=axes)
-            if self.running_mean is not None and not self.use_running_average:
-                self._update_running_stats(mean, var, x.size // mean.size)
-        y = (x - mean.reshape(channel)) * lax.rsqrt(var.reshape(channel) + self.eps)
-        if self.weight is not None:
-            y = y * self.weight[...].reshape(channel) + self.bias[...].reshape(channel)
+            return (x - self.running_mean[...]) * lax.rsqrt(self.running_var[...] + self.eps) * weight + bias
+        y, mean, var = batch_norm_train(x, weight, bias, self.eps)
+        if self.running_mean is not None and not self.use_running_average:
+            self._update_running_stats(mean, var, x.size // c)
         return y
 
     def _update_running_stats(self, mean, var, n):

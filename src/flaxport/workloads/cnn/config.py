@@ -54,3 +54,30 @@ def get_config(variant: str = "default") -> Config:
     if variant == "bench":
         return dataclasses.replace(base, variant="bench", epochs=3)
     raise ValueError(variant)
+
+
+# What each field may hold, besides CHOICES (flaxport.workloads.validate applies both).
+RULES = {
+    "image_size": "size", "channels": (1, 3), "num_classes": "size", "conv_widths": "sizes", "hidden": "size",
+    "bn_eps": "nonnegative", "bn_momentum": "fraction", "lr": "nonnegative", "b1": "beta", "b2": "beta",
+    "adam_eps": "nonnegative", "batch_size": "size", "epochs": "size", "eval_batch": "size",
+}
+CHECKS = (
+    ("image_size", lambda c: c.image_size >= 4, "must be at least 4 (two 2x2 max-pools halve it twice)"),
+    ("num_classes", lambda c: c.num_classes >= 10, "must be at least 10 (digits and CIFAR-10 have 10 classes)"),
+)
+
+
+def memory_estimate(config) -> list:
+    """[(bytes, what)]: the train state, then peaks on top of it (lower bounds; float32)."""
+    s, widths = config.image_size, config.conv_widths
+    cins = (config.channels, *widths[:-1])
+    convs = sum(9 * cin * w + 5 * w for cin, w in zip(cins, widths))  # kernel, bias, BatchNorm
+    flat = (s // 4) ** 2 * widths[-1]
+    params = convs + flat * config.hidden + config.hidden + config.hidden * config.num_classes + config.num_classes
+    return [
+        (16 * params, f"{params:.3g} parameters with their gradients and Adam moments"),
+        (1797 * s * s * config.channels, f"the images at image_size={s}"),
+        (8 * config.batch_size * s * s * widths[0], f"a batch of {config.batch_size} at image_size={s}"),
+        (4 * config.eval_batch * s * s * widths[0], f"an evaluation chunk of eval_batch={config.eval_batch}"),
+    ]

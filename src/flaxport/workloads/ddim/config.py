@@ -135,3 +135,44 @@ def get_config(variant: str = "default") -> Config:
     if variant == "flowers":  # keras-io's own setting: Oxford Flowers 102 at 64x64
         return dataclasses.replace(base, variant="flowers", data="flowers102", image_size=64, **KERAS)
     raise ValueError(variant)
+
+
+# What each field may hold, besides CHOICES (flaxport.workloads.validate applies both).
+RULES = {
+    "image_size": "size", "channels": (3,), "norm_mean": "stats", "norm_std": "stats", "widths": "sizes",
+    "block_depth": "size", "embedding_dims": "size", "embedding_min_frequency": "positive",
+    "embedding_max_frequency": "positive", "bn_momentum": "fraction", "bn_eps": "nonnegative",
+    "min_signal_rate": "fraction", "max_signal_rate": "fraction", "batch_size": "size", "lr": "nonnegative",
+    "weight_decay": "nonnegative", "b1": "beta", "b2": "beta", "adam_eps": "nonnegative", "warmup_steps": "count",
+    "schedule_steps": "count", "ema": "fraction", "epochs": "size", "plot_diffusion_steps": "size",
+    "kid_diffusion_steps": "size", "n_samples": "size", "kid_images": "size",
+}
+CHECKS = (
+    ("image_size", lambda c: c.image_size % 2 ** (len(c.widths) - 1) == 0,
+     lambda c: f"{c.image_size} must be divisible by {2 ** (len(c.widths) - 1)} (the UNet halves it "
+               f"{len(c.widths) - 1} times for widths {','.join(map(str, c.widths))})"),
+    ("embedding_dims", lambda c: c.embedding_dims % 2 == 0, "must be even (sines and cosines, half each)"),
+    ("max_signal_rate", lambda c: c.min_signal_rate < c.max_signal_rate, "must be above min_signal_rate"),
+    ("norm_std", lambda c: all(s > 0 for s in c.norm_std) and len(c.norm_std) == len(c.norm_mean) in (0, c.channels),
+     "and norm_mean must hold one value per channel (std > 0), or both none (taken from the data)"),
+    ("schedule_steps", lambda c: c.lr_schedule != "warmup_cosine" or c.schedule_steps > c.warmup_steps,
+     "must be above warmup_steps for lr_schedule=warmup_cosine (the run's total train steps)"),
+    ("batch_size", lambda c: c.batch_size * (c.image_size // 2 ** (len(c.widths) - 1)) ** 2 >= 2,
+     "times the innermost feature map's pixels must be at least 2 (BatchNorm needs 2 values per channel)"),
+    ("kid_images", lambda c: c.kid_images >= 2, "must be at least 2 (KID compares sets of images)"),
+)
+
+
+def memory_estimate(config) -> list:
+    """[(bytes, what)]: the train state, then peaks on top of it (lower bounds; float32)."""
+    s, w = config.image_size, config.widths
+    # 3x3 convs: down and up stages (block_depth blocks of two), the middle blocks.
+    params = 9 * config.block_depth * (2 * sum(x * x for x in w[:-1]) * 2 + 2 * w[-1] ** 2)
+    pixels = s * s * w[0]
+    return [
+        (20 * params, f"{params:.3g} parameters with their gradients, Adam moments and EMA"),
+        (8 * config.block_depth * config.batch_size * pixels, f"a batch of {config.batch_size} at image_size={s}"),
+        (4 * config.n_samples * pixels, f"n_samples={config.n_samples} samples at image_size={s}"),
+        (4 * config.kid_images * pixels, f"kid_images={config.kid_images} samples at image_size={s}"),
+        (1797 * s * s * config.channels, f"the images at image_size={s}"),
+    ]

@@ -88,3 +88,31 @@ def get_config(variant: str = "default") -> Config:
         return dataclasses.replace(get_config("tuned"), variant="quick", batch_size=64, g_lr=2e-4, d_lr=8e-4,
                                    epochs=20)
     raise ValueError(variant)
+
+
+# What each field may hold (flaxport.workloads.validate applies it to --set and config.json).
+RULES = {
+    "z_dim": "size", "g_widths": "sizes", "d_widths": "sizes", "bn_eps": "nonnegative", "bn_momentum": "fraction",
+    "d_batchnorm": "flag", "g_lr": "nonnegative", "d_lr": "nonnegative", "b1": "beta", "b2": "beta",
+    "adam_eps": "nonnegative", "batch_size": "size", "epochs": "size", "modes": "values", "mode_std": "nonnegative",
+    "n_per_mode": "size", "data_seed": "seed", "n_eval": "size", "runner": ("step", "scan"),
+}
+CHECKS = (
+    ("batch_size", lambda c: c.batch_size >= 2, "must be at least 2 (BatchNorm needs 2 values per channel to train)"),
+)
+
+
+def memory_estimate(config) -> list:
+    """[(bytes, what)]: the train state, then peaks on top of it (lower bounds; float32)."""
+    def mlp(n_in, widths):
+        dims = [n_in, *widths, 1]
+        return sum(a * b + b for a, b in zip(dims, dims[1:])) + 4 * sum(widths)  # + BatchNorm
+
+    params = mlp(config.z_dim, config.g_widths) + mlp(1, config.d_widths)
+    widest = max(config.g_widths or (1,))
+    return [
+        (16 * params, f"{params:.3g} parameters with their gradients and Adam moments"),
+        (4 * config.n_per_mode * len(config.modes), f"n_per_mode={config.n_per_mode} samples per mode"),
+        (4 * config.n_eval * (config.z_dim + widest), f"n_eval={config.n_eval} generated samples of z_dim={config.z_dim}"),
+        (8 * config.batch_size * (config.z_dim + sum(config.g_widths)), f"a batch of {config.batch_size}"),
+    ]

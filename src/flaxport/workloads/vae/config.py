@@ -44,3 +44,25 @@ def get_config(variant: str = "default") -> Config:
     if variant == "bench":
         return dataclasses.replace(base, variant="bench", epochs=5, iwae_k=5)
     raise ValueError(variant)
+
+
+# What each field may hold, besides CHOICES (flaxport.workloads.validate applies both).
+RULES = {
+    "image_size": "size", "hidden": "size", "latents": "size", "lr": "nonnegative", "b1": "beta", "b2": "beta",
+    "adam_eps": "nonnegative", "batch_size": "size", "epochs": "size", "iwae_k": "size", "eval_batch": "size",
+    "n_samples": "size",
+}
+
+
+def memory_estimate(config) -> list:
+    """[(bytes, what)]: the train state, then peaks on top of it (lower bounds; float32)."""
+    d, h, z = config.image_size ** 2, config.hidden, config.latents
+    params = d * h + h + h * 2 * z + 2 * z + z * h + h + h * d + d
+    return [
+        (16 * params, f"{params:.3g} parameters with their gradients and Adam moments"),
+        (4 * config.eval_batch * config.iwae_k * (d + z),
+         f"evaluation: iwae_k={config.iwae_k} importance samples x eval_batch={config.eval_batch} images"),
+        (8 * config.batch_size * (d + h), f"a batch of {config.batch_size}"),
+        (4 * config.n_samples * (d + h), f"n_samples={config.n_samples} samples"),
+        (1797 * d, f"the images at image_size={config.image_size}"),
+    ]
