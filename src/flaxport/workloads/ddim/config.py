@@ -139,7 +139,7 @@ def get_config(variant: str = "default") -> Config:
 
 # What each field may hold, besides CHOICES (flaxport.workloads.validate applies both).
 RULES = {
-    "image_size": "size", "channels": (3,), "norm_mean": "stats", "norm_std": "stats", "widths": "sizes",
+    "image_size": "size", "channels": (3,), "dataset_repetitions": "size", "ema_warmup": "flag", "norm_mean": "stats", "norm_std": "stats", "widths": "sizes",
     "block_depth": "size", "embedding_dims": "size", "embedding_min_frequency": "positive",
     "embedding_max_frequency": "positive", "bn_momentum": "fraction", "bn_eps": "nonnegative",
     "min_signal_rate": "fraction", "max_signal_rate": "fraction", "batch_size": "size", "lr": "nonnegative",
