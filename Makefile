@@ -53,7 +53,7 @@ bench: setup
 	$(FLAXPORT) compare vae --data binarized_mnist --data-dir $(BENCH)/mnist-shaped --epochs 3 --set iwae_k=5 \
 	  --workdir $(BENCH)/vae-mnist-shaped
 	$(FLAXPORT) env --gemm 128,784,500 > $(BENCH)/gemm.txt
-	$(FLAXPORT) compare ddim --epochs 2 --runs torch-eager,torch-tuned,jax-step --workdir $(BENCH)/ddim
+	$(FLAXPORT) compare ddim --config bench --epochs 2 --runs torch-eager,torch-tuned,jax-step --workdir $(BENCH)/ddim
 	$(PY) -m flaxport.bench.ddim_sampling --rounds 5 --json $(BENCH)/ddim-sampling.json
 	$(PY) -m flaxport.bench.translate --json $(BENCH)/translate.json  # docs/translate.md
 	$(PY) -m flaxport.bench.translate --train --json $(BENCH)/translate-train.json  # docs/translate.md
