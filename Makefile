@@ -32,7 +32,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 
-# Every table of docs/benchmarks.md, in one sitting (on a quiet machine: ~25 min on 2 cores);
+# Every table of docs/benchmarks.md, in one sitting (on a quiet machine: ~20 min on 2 cores);
 # runs/bench/tables.md holds them in the page's layout. Keep in step with flaxport/bench/tables.py.
 BENCH := runs/bench
 FLAXPORT := $(VENV)/bin/flaxport

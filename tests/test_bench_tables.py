@@ -45,3 +45,15 @@ def test_a_vectorised_comparison_becomes_a_member_steps_table(tmp_path):
     assert f"`{tables.VMAP['gan-vmap']}`: steady epochs 2..3" in text
     assert "| jax-vmap | 32 | 16.000 | 8000 | 7000 | 2.00x | 20.00x |" in text
     assert "(no vae-vmap results" in text
+
+
+def test_a_vectorised_run_in_a_plain_comparison_is_shown_per_member():
+    rep = {"workload": "cnn", "epochs": 5,
+           "runs": [{"name": "jax-scan", "steps_per_epoch": 44}, {"name": "jax-vmap", "steps_per_epoch": 44}],
+           "summary": [{"name": "jax-scan", "seeds": 3, "steady_epoch_seconds": 0.5, "first_epoch_seconds": 2.0,
+                        "compile_seconds": 1.5, "quality": {}},
+                       {"name": "jax-vmap", "seeds": 3, "members": 3, "steady_epoch_seconds": 3.0,
+                        "first_epoch_seconds": 4.0, "compile_seconds": 2.5, "quality": {}}]}
+    text = "\n".join(tables.compare_table(rep, "flaxport compare cnn --epochs 5 --seeds 3"))
+    # 3.0 s trains 3 members: 1.0 s and 22.73 ms a step per member
+    assert "| jax-vmap (3 members; s/epoch and ms/step per member) | 1.000 | 22.73 |" in text

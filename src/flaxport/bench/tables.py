@@ -74,11 +74,14 @@ def compare_table(rep: dict, command: str) -> list:
             "compile (s)", f"{qkey} (mean ± std)" if seeds > 1 else qkey]
     rows = []
     for name, s in summary.items():
-        sec = s["steady_epoch_seconds"]
+        # a vectorised run's epoch trains K members: its figures are per member, as a single run's
+        members = s.get("members", 1)
+        sec = s["steady_epoch_seconds"] / members
+        name = f"{name} ({members} members; s/epoch and ms/step per member)" if members > 1 else name
         q = s["quality"].get(qkey, {})
         qtext = (f"{q['mean']:.4g}" + (f" ± {q['std']:.2g}" if seeds > 1 else "")
                  if isinstance(q.get("mean"), (int, float)) else "-")
-        rows.append([name, f"{sec:.3f}", f"{sec / steps[name] * 1e3:.2f}" if steps.get(name) else "-",
+        rows.append([name, f"{sec:.3f}", f"{sec / steps[s['name']] * 1e3:.2f}" if steps.get(s["name"]) else "-",
                      f"{s['gflop_per_s']:.1f}" if s.get("gflop_per_s") else "-", _ratio(eager, sec),
                      _ratio(tuned, sec), f"{s['first_epoch_seconds']:.2f}",
                      f"{s['compile_seconds']:.2f}" if s["compile_seconds"] else "-", qtext])
