@@ -10,7 +10,7 @@ TORCH  := torch==2.13.0
 # of the suite is single-threaded XLA compiles and subprocess start-ups.
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-all bench clean
+.PHONY: setup demo test bench clean
 
 setup: $(STAMP)
 

@@ -19,6 +19,12 @@ def test_speed_ups_are_against_torch_eager_else_the_first_torch_run():
     assert figure.speeds(_rep({"jax-step": 1.0, "jax-scan": 0.5}))[0] == "jax-step"
 
 
+def test_a_vectorised_run_is_timed_per_member():
+    rep = _rep({"torch-eager": 2.0, "jax-vmap": 3.0})
+    rep["summary"][1]["members"] = 3  # one epoch trains 3 members: 1.0 s each
+    assert figure.speeds(rep)[1][1] == ("jax-vmap (per member of 3)", 1.0, 2.0)
+
+
 def test_a_workload_without_samples_gets_curves_and_bars(tmp_path):
     history = [{"epoch": e, "quality": {"accuracy": a}} for e, a in ((1, 0.8), (2, 0.9))]
     results = [(0, RunResult(n, n.split("-")[0], [3.0, s], 0.0, {"accuracy": 0.9}, history))

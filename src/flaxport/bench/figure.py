@@ -117,12 +117,17 @@ def _curves(ax, name, results, colour):
 
 
 def speeds(rep: dict) -> tuple[str, list]:
-    """(baseline, [(run name, steady s/epoch mean over seeds, speed-up vs baseline)]) in report order."""
+    """(baseline, [(run name, steady s/epoch of one member, speed-up vs baseline)]) in report order.
+
+    A vectorised run's epoch trains K members, so its seconds are divided by K (and its name says so).
+    """
     summary = rep["summary"]
     names = [s["name"] for s in summary]
     base = baseline_name(names)
-    base_s = summary[names.index(base)]["steady_epoch_seconds"]
-    return base, [(s["name"], s["steady_epoch_seconds"], base_s / s["steady_epoch_seconds"]) for s in summary]
+    member_s = [s["steady_epoch_seconds"] / s.get("members", 1) for s in summary]
+    base_s = member_s[names.index(base)]
+    return base, [(s["name"] + (f" (per member of {s['members']})" if s.get("members", 1) > 1 else ""), sec,
+                   base_s / sec) for s, sec in zip(summary, member_s)]
 
 
 def _bars(ax, rep, colour):
@@ -130,7 +135,7 @@ def _bars(ax, rep, colour):
     names = [n for n, _, _ in rows]
     seconds = [s for _, s, _ in rows]
     y = np.arange(len(rows))[::-1]
-    ax.barh(y, seconds, color=[colour[n] for n in names], height=0.6)
+    ax.barh(y, seconds, color=[colour[s["name"]] for s in rep["summary"]], height=0.6)
     ax.set_yticks(y, names, fontsize=9)
     ax.set_xlim(0, max(seconds) * 1.55)
     for yi, (name, s, ratio) in zip(y, rows):
