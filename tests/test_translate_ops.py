@@ -375,3 +375,27 @@ def test_random_ops_say_how_to_pass_the_noise_in():
 
     with pytest.raises(Unsupported, match="pass them in as an input"):
         run_op(aten.randn_like.default, r(3))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_tiling_max_pool_sends_the_gradient_to_each_windows_first_maximum_as_torch(channels_last):
+    """Windows with ties (ReLU's zeros, repeated values): torch's gradient goes to the first
+    maximum of each window; so must the runtime's (its value comes from reduce_window)."""
+    import jax
+    import jax.numpy as jnp
+
+    from flaxport.translate.runtime.functions import max_pool
+
+    x = torch.tensor(np.random.default_rng(0).integers(-2, 3, (2, 3, 9, 8)).astype(np.float32), requires_grad=True)
+    weights = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    (torch.nn.functional.max_pool2d(x, 2) * weights).sum().backward()
+
+    def loss(v):
+        if channels_last:
+            return jnp.sum(max_pool(v.transpose(0, 2, 3, 1), (2, 2), channels_last=True).transpose(0, 3, 1, 2)
+                           * weights.numpy())
+        return jnp.sum(max_pool(v, (2, 2)) * weights.numpy())
+
+    value, grad = jax.value_and_grad(loss)(jnp.asarray(x.detach().numpy()))
+    np.testing.assert_allclose(value, (torch.nn.functional.max_pool2d(x, 2) * weights).sum().item(), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(grad), x.grad.numpy())

@@ -114,11 +114,40 @@ def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False
     if tuple(stride) == tuple(kernel_size) and set(dilation) == {1}:
         # Windows that tile the input: pick each window's first maximum, whose gradient is a
         # select (reduce_window's is a select_and_scatter, slow on XLA:CPU).
-        windows = _tiles(jnp.pad(x, _window(x, axes, pads, (0, 0)), constant_values=lowest), kernel_size)
-        first = jax.nn.one_hot(jnp.argmax(windows, axis=-1), windows.shape[-1], dtype=bool)
-        return jnp.sum(jnp.where(first, windows, 0), axis=-1)
+        return _tiled_max_pool(jnp.pad(x, _window(x, axes, pads, (0, 0)), constant_values=lowest), tuple(kernel_size))
     return lax.reduce_window(x, lowest, lax.max, _window(x, axes, kernel_size, 1), _window(x, axes, stride, 1),
                              _window(x, axes, pads, (0, 0)), window_dilation=_window(x, axes, dilation, 1))
+
+
+def _first_maximum_pool(x, kernel_size):
+    """Each window's first maximum (torch's choice), as a select: its gradient is one too."""
+    windows = _tiles(x, kernel_size)
+    first = jax.nn.one_hot(jnp.argmax(windows, axis=-1), windows.shape[-1], dtype=bool)
+    return jnp.sum(jnp.where(first, windows, 0), axis=-1)
+
+
+def _tiled_max_pool_forward(x, kernel_size):
+    return _tiled_max_pool(x, kernel_size), x
+
+
+def _tiled_max_pool_backward(kernel_size, x, cotangent):
+    return jax.vjp(lambda v: _first_maximum_pool(v, kernel_size), x)[1](cotangent)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _tiled_max_pool(x, kernel_size):
+    """Max-pool of x (N, *S, C) with windows that tile it (stride = kernel, no dilation).
+
+    The value is reduce_window's (XLA:CPU's fastest); the gradient goes to each window's first
+    maximum as torch's does, through a select (reduce_window's own gradient is a
+    select_and_scatter, slow on XLA:CPU).
+    """
+    window = (1,) + tuple(kernel_size) + (1,)
+    return lax.reduce_window(x, np.array(-np.inf, x.dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                             else np.array(jnp.iinfo(x.dtype).min, x.dtype), lax.max, window, window, "VALID")
+
+
+_tiled_max_pool.defvjp(_tiled_max_pool_forward, _tiled_max_pool_backward)
 
 
 def _tiles(x, kernel_size):
