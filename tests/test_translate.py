@@ -290,3 +290,50 @@ def test_layout_nhwc_keeps_image_values_channels_last_and_passes(name):
     want = _torch_outputs(module.eval(), *other)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())))
+
+
+class _FlatHead(torch.nn.Module):
+    """conv -> pool -> flatten -> linear on a map that is not square (3 x 2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 3 * 2, 5)
+
+    def forward(self, x):
+        h = torch.max_pool2d(torch.relu(self.conv(x)), 2)
+        return self.fc(h.flatten(1))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_flatten_read_by_a_linear_stays_channels_last(layout, tmp_path):
+    """The linear after a flatten holds its weight's columns in (h, w, c) order, so the flatten of a
+    channels-last map needs no transpose: the proof still passes, torch's state_dict comes back
+    exactly, load() from the saved torch weights gives the same model, and a map of another shape
+    with the same size is refused rather than mixed up."""
+    import jax.numpy as jnp
+
+    from flaxport.translate import translate
+
+    torch.manual_seed(0)
+    module = _FlatHead().eval()
+    x = torch.rand(2, 3, 6, 4)
+    t = translate(module, x, layout=layout)
+    assert t.report.ok
+    assert "CHANNELS_LAST_COLUMNS = {\"fc.weight\": (8, 3, 2)}" in t.source
+    assert "# fc's weight holds its columns in (h, w, c) order (load() puts them so), for 3x2 maps" in t.source
+    torch_weight = module.fc.weight.detach().numpy()
+    np.testing.assert_array_equal(t.state_dict()["fc.weight"], torch_weight)
+    held = np.asarray(t.model.fc.weight[...])
+    np.testing.assert_array_equal(held, torch_weight.reshape(5, 8, 3, 2).transpose(0, 2, 3, 1).reshape(5, 48))
+    t.save(tmp_path)
+    namespace: dict = {}
+    exec(compile(t.source, str(tmp_path / "model.py"), "exec"), namespace)
+    loaded = namespace["load"](str(tmp_path))
+    np.testing.assert_array_equal(np.asarray(loaded.fc.weight[...]), held)
+    np.testing.assert_allclose(np.asarray(loaded(jnp.asarray(x.numpy()))), _torch_outputs(module, x)[0],
+                               rtol=1e-5, atol=1e-6)
+    other = torch.rand(2, 3, 4, 6)  # a 2x3 map: the same 48 features in torch, in another order
+    _torch_outputs(module, other)
+    with pytest.raises(AssertionError, match="fc was translated for 3x2 maps"):
+        t.model(jnp.asarray(other.numpy()))

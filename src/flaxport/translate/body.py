@@ -423,6 +423,15 @@ class BodyRenderer:
         self._bind(node)
         self.lines.append(f"{self.names[node]} = {expr.text}")
 
+    def comment(self, text: str):
+        """A comment line before the statement being rendered (once per text)."""
+        self.statement(f"# {text}")
+
+    def statement(self, text: str):
+        """A line of its own before the statement being rendered (once per text)."""
+        if text not in self.lines:
+            self.lines.append(text)
+
     def _bind(self, *values):
         for v in values:
             if v in self.names:

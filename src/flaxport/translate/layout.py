@@ -106,3 +106,66 @@ def wanted(node, arg, layout: dict) -> str:
 def to_layout_dim(dim: int, ndim: int = 4) -> int:
     """torch's dim d of a 4-D value, as an axis of its channels-last array."""
     return TO_LAST.index(dim % ndim)
+
+
+FLATTENS = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.flatten.using_ints"}
+
+
+def flattened_linears(capture, channels_last: dict) -> dict:
+    """{flatten node: (weight name, (C, H, W))} for the flattens a Linear reads straight away.
+
+    torch flattens an image (N, C, H, W) in (c, h, w) order; a channels-last array flattens in
+    (h, w, c) order, and on XLA:CPU the transpose between the two, and the fusion it splits,
+    cost a CNN forward a tenth of its time. So where a 4-D value computed channels-last
+    (`channels_last`: what `assign` returns) is flattened and read only by a linear whose
+    weight nothing else uses, the translation flattens it channels-last and holds that
+    weight's columns in (h, w, c) order instead (set when the weights are loaded; torch's
+    order wherever they are saved). The flatten and the linear must run in one module's
+    forward (or the linear in an nn.Linear it calls), so no compared submodule output is
+    ever the permuted value. A 1x1 map (after a global pool) has one order already. (H, W) are the example's: the linear fixes C * H * W, and the
+    translation checks the image size where it flattens.
+    """
+    frames = capture.node_frames()
+    out = {}
+    for node in capture.graph.nodes:
+        if str(node.target) not in FLATTENS or _ndim(node) != 2 or not node.args:
+            continue
+        x = node.args[0]
+        if _ndim(x) != 4 or channels_last.get(x) != LAST or len(node.users) != 1:
+            continue
+        (linear,) = node.users
+        if str(linear.target) != "aten.linear.default" or linear.args[0] is not node:
+            continue
+        weight = linear.args[1]
+        ph = capture.placeholders.get(weight)
+        if ph is None or ph.kind != "param" or len(weight.users) != 1:
+            continue
+        shape = [_example_size(s) for s in x.meta["val"].shape]
+        flat = [_example_size(s) for s in node.meta["val"].shape]
+        if None in shape[1:] or flat[1] != shape[1] * shape[2] * shape[3] or shape[2] * shape[3] == 1:
+            continue
+        here, there = frames.get(node), frames.get(linear)
+        if here is None or not (there is here or (there.parent is here and there.items == [linear])):
+            continue
+        out[node] = (ph.target, tuple(shape[1:]))
+    return out
+
+
+def _example_size(size):
+    """A size's value in the example (a symbolic one's hint), None where unknown."""
+    if isinstance(size, int):
+        return size
+    hint = getattr(getattr(size, "node", None), "hint", None)
+    return int(hint) if hint is not None else None
+
+
+def columns_channels_last(weight, chw):
+    """A linear weight (out, C * H * W) in torch's column order -> columns in (h, w, c) order."""
+    c, h, w = chw
+    return weight.reshape(-1, c, h, w).transpose(0, 2, 3, 1).reshape(weight.shape)
+
+
+def columns_torch(weight, chw):
+    """Undoes columns_channels_last: (out, H * W * C) -> torch's (c, h, w) column order."""
+    c, h, w = chw
+    return weight.reshape(-1, h, w, c).transpose(0, 3, 1, 2).reshape(weight.shape)

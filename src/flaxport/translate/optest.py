@@ -24,7 +24,8 @@ class _Body:
         self.capture = type("C", (), {"mode": "eval"})()
         self.plan = type("P", (), {"twin": lambda *a: None, "dtype_reference": lambda *a: None,
                                    "synth_name": lambda self_, frame, node, base: base,
-                                   "wanted": lambda *a: "torch", "layout_of": lambda *a: "torch"})()
+                                   "wanted": lambda *a: "torch", "layout_of": lambda *a: "torch",
+                                   "flattens_channels_last": lambda *a: False})()
         self.frame = None
 
     def value(self, v) -> Expr:

@@ -103,8 +103,12 @@ class Plan:
         self.root_structure = self._root_structure
         self._decide_kinds()
         self.layouts = {mode: {} for mode in captures}
+        # Layout assignment sees every flatten as reading torch's layout; only once the layouts
+        # are known can a flatten feeding a Linear be found and written channels-last.
+        self.flattened, self.flat_weights = {}, {}
         if layout == "nhwc":
             self._assign_layouts()
+        self._find_flattened_linears()
 
     # ------------------------------------------------------------------ kinds
     def _decide_kinds(self):
@@ -163,6 +167,24 @@ class Plan:
                     break
                 forced |= blocked
 
+    def _find_flattened_linears(self):
+        """self.flattened {mode: {flatten node: weight name}} and self.flat_weights {weight name:
+        (C, H, W)}: the linears that read a channels-last flatten (layout.flattened_linears), in
+        every captured mode alike or in none."""
+        from flaxport.translate import layout as lay
+
+        found = {mode: lay.flattened_linears(c, self.layouts[mode] if self.layout_mode == "nhwc" else lay.assign(c))
+                 for mode, c in self.captures.items()}
+        weights = [{w: chw for w, chw in f.values()} for f in found.values()]
+        common = {w: chw for w, chw in weights[0].items()
+                  if all(other.get(w) == chw for other in weights[1:]) and not self._aliases.get(w)}
+        self.flat_weights = common
+        self.flattened = {mode: {n: w for n, (w, _) in f.items() if w in common} for mode, f in found.items()}
+
+    def flattens_channels_last(self, capture, node) -> bool:
+        """Is `node` a flatten written channels-last for the linear reading it?"""
+        return node in self.flattened.get(capture.mode, {})
+
     def _sequential_conflicts(self, capture) -> set:
         """Native nodes of layers inside nn.Sequential that would receive the other layout from the
         element before them (nnx.Sequential passes values on as they are)."""
@@ -203,6 +225,8 @@ class Plan:
     def wanted(self, capture, node, arg) -> str:
         from flaxport.translate import layout as lay
 
+        if self.layouts.get(capture.mode) and self.flattens_channels_last(capture, node):
+            return self.layout_of(capture, arg)
         if not self.layouts.get(capture.mode):
             return lay.TORCH
         return lay.wanted(node, arg, self.layouts[capture.mode])

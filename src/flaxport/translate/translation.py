@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flaxport.translate import layout
 from flaxport.translate.errors import TranslateError, UnsupportedOpsError
 
 
@@ -189,6 +190,8 @@ class Translation:
             a = np.asarray(array)
             if dtype is not None and np.issubdtype(a.dtype, np.floating):
                 a = a.astype(dtype)
+            if name in self.plan.flat_weights:
+                a = layout.columns_channels_last(a, self.plan.flat_weights[name])
             var.set_value(jnp.asarray(a))
         unset = [p for p, v in variables.items() if isinstance(v.get_value(), jax.ShapeDtypeStruct)]
         if unset and strict:
@@ -218,6 +221,8 @@ class Translation:
             ref = self._torch_state[name]
             if np.issubdtype(ref.dtype, np.integer):
                 a = a.astype(ref.dtype)
+            if name in self.plan.flat_weights:
+                a = layout.columns_torch(a, self.plan.flat_weights[name])
             out[name] = a
         return out
 

@@ -6,6 +6,8 @@ from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, metho
 
 
 def _reshape(c, node):
+    if c.body.plan.flattens_channels_last(c.body.capture, node):
+        return _flatten_channels_last(c, node)
     sizes = list(c.raw("size" if c.has("size") else "shape"))
     x = c.x("self")
     lead = c.static(c.val("self").shape[0]) if c.val("self").ndim else None
@@ -23,8 +25,31 @@ def _reshape(c, node):
 op("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.view_copy.default")(_reshape)
 
 
+def _flatten_channels_last(c, node):
+    """(N, C, H, W) -> (N, H * W * C), for a linear holding its weight's columns in that order
+    (layout.flattened_linears): from torch's layout a transpose, which XLA cancels against
+    the channels-last op before it."""
+    x = c.x("self")
+    last = c.body.plan.wanted(c.body.capture, node, c.args["self"]) == "last"
+    weight = c.body.plan.flattened[c.body.capture.mode][node]
+    _, h, w = c.body.plan.flat_weights[weight]
+    layer = weight.rsplit(".", 1)[0]
+    c.body.comment(f"{layer}'s weight holds its columns in (h, w, c) order (load() puts them so), for {h}x{w} maps")
+    if x.text.isidentifier():  # the order is the example's: another (H, W) with the same C * H * W would pass unseen
+        c.body.statement(f"assert {x.text}.shape[{'1:3' if last else '2:'}] == ({h}, {w}), "
+                         f"\"{layer} was translated for {h}x{w} maps\"")
+        batch = f"{x.text}.shape[0]"
+    else:
+        batch = c.size([c.val("self").shape[0]], bare=True).text
+    if not last:
+        x = method(x, "transpose", Expr("0, 2, 3, 1"))
+    return method(x, "reshape", Expr(f"{batch}, -1"))
+
+
 @op("aten.flatten.using_ints")
 def flatten(c, node):
+    if c.body.plan.flattens_channels_last(c.body.capture, node):
+        return _flatten_channels_last(c, node)
     ndim = c.val("self").ndim
     start, end = c.dim("start_dim", ndim), c.dim("end_dim", ndim)
     if start == end:

@@ -138,29 +138,35 @@ def _tiled_max_pool_backward(kernel_size, x, cotangent):
 def _tiled_max_pool(x, kernel_size):
     """Max-pool of x (N, *S, C) with windows that tile it (stride = kernel, no dilation).
 
-    The value is reduce_window's (XLA:CPU's fastest); the gradient goes to each window's first
-    maximum as torch's does, through a select (reduce_window's own gradient is a
-    select_and_scatter, slow on XLA:CPU).
+    The value is a reshape and a max (XLA:CPU keeps it inside its YNNPACK fusion of the
+    convolutions around it; a reduce_window splits that fusion); the gradient goes to each
+    window's first maximum as torch's does, through a select (the max's own gradient
+    splits ties).
     """
-    window = (1,) + tuple(kernel_size) + (1,)
-    return lax.reduce_window(x, np.array(-np.inf, x.dtype) if jnp.issubdtype(x.dtype, jnp.floating)
-                             else np.array(jnp.iinfo(x.dtype).min, x.dtype), lax.max, window, window, "VALID")
+    blocks = _blocks(x, kernel_size)
+    lead = x.ndim - len(kernel_size) - 1
+    return blocks.max(axis=tuple(lead + 2 * i + 1 for i in range(len(kernel_size))))
 
 
 _tiled_max_pool.defvjp(_tiled_max_pool_forward, _tiled_max_pool_backward)
 
 
-def _tiles(x, kernel_size):
-    """(N, *S, C) -> (N, *(S // K), C, prod(K)): the windows of a pool whose stride is its size
-    (cells past the last whole window dropped)."""
+def _blocks(x, kernel_size):
+    """(N, *S, C) -> (N, S1 // K1, K1, S2 // K2, K2, ..., C): each spatial axis split into its
+    windows and their cells (cells past the last whole window dropped)."""
     n = len(kernel_size)
     lead = x.shape[:x.ndim - n - 1]
     outs = [s // k for s, k in zip(x.shape[len(lead):-1], kernel_size)]
     x = x[(...,) + tuple(slice(0, o * k) for o, k in zip(outs, kernel_size)) + (slice(None),)]
-    x = x.reshape(lead + tuple(d for o, k in zip(outs, kernel_size) for d in (o, k)) + x.shape[-1:])
-    b = len(lead)
+    return x.reshape(lead + tuple(d for o, k in zip(outs, kernel_size) for d in (o, k)) + x.shape[-1:])
+
+
+def _tiles(x, kernel_size):
+    """(N, *S, C) -> (N, *(S // K), C, prod(K)): the windows of a pool whose stride is its size."""
+    n, b = len(kernel_size), x.ndim - len(kernel_size) - 1
+    x = _blocks(x, kernel_size)
     order = list(range(b)) + [b + 2 * i for i in range(n)] + [x.ndim - 1] + [b + 2 * i + 1 for i in range(n)]
-    return x.transpose(order).reshape(lead + tuple(outs) + x.shape[-1:] + (-1,))
+    return x.transpose(order).reshape(x.shape[:b] + tuple(x.shape[b + 2 * i] for i in range(n)) + x.shape[-1:] + (-1,))
 
 
 def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None,
