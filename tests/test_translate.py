@@ -322,6 +322,7 @@ def test_a_flatten_read_by_a_linear_stays_channels_last(layout, tmp_path):
     assert t.report.ok
     assert "CHANNELS_LAST_COLUMNS = {\"fc.weight\": (8, 3, 2)}" in t.source
     assert "# fc's weight holds its columns in (h, w, c) order (load() puts them so), for 3x2 maps" in t.source
+    assert "but for the Linear weights in\nCHANNELS_LAST_COLUMNS" in t.source.split("\"\"\"")[1]
     torch_weight = module.fc.weight.detach().numpy()
     np.testing.assert_array_equal(t.state_dict()["fc.weight"], torch_weight)
     held = np.asarray(t.model.fc.weight[...])

@@ -67,7 +67,7 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
     build_classes(plan)
     if plan.problems:
         raise UnsupportedOpsError(plan.problems)
-    header = _header(module, captures)
+    header = _header(module, captures, plan.flat_weights)
     source = module_source(plan, header)
     t = Translation(source, module, plan, primary, args, kwargs, notes)
     if check:
@@ -77,13 +77,19 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
     return t
 
 
-def _header(module, captures) -> str:
+def _header(module, captures, flat_weights) -> str:
     cls = type(module)
+    held = (
+        "Parameters keep torch's names, shapes and layouts, so\n"
+        if not flat_weights
+        else "Parameters keep torch's names, shapes and layouts (but for the Linear weights in\n"
+        "CHANNELS_LAST_COLUMNS, whose columns load() puts in (h, w, c) order), so\n"
+    )
     c = next(iter(captures.values()))
     shapes = "".join(f"    {_input_shape(n, p.meta['val'])}\n" for n, p in zip(c.input_access, c.user_inputs))
     return (f"{cls.__qualname__} ({cls.__module__}) in Flax NNX, written by `flaxport translate`.\n\n"
             f"Inputs, in torch's layout (the example's shape):\n{shapes}\n"
-            "Parameters keep torch's names, shapes and layouts, so\n"
+            f"{held}"
             "weights.safetensors is torch's state_dict. `load(directory)` returns the model with them;\n"
             "`model.train()` / `model.eval()` switch BatchNorm and dropout as in torch.\n")
 
