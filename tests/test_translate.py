@@ -293,7 +293,8 @@ def test_layout_nhwc_keeps_image_values_channels_last_and_passes(name):
 
 
 class _FlatHead(torch.nn.Module):
-    """conv -> pool -> flatten -> linear on a map that is not square (3 x 2)."""
+    """conv -> pool -> flatten -> linear on a map that is not square (3 x 2), in one statement (so
+    the pooled map would be written inline, but the flatten must name it to check its shape)."""
 
     def __init__(self):
         super().__init__()
@@ -301,8 +302,7 @@ class _FlatHead(torch.nn.Module):
         self.fc = torch.nn.Linear(8 * 3 * 2, 5)
 
     def forward(self, x):
-        h = torch.max_pool2d(torch.relu(self.conv(x)), 2)
-        return self.fc(h.flatten(1))
+        return self.fc(torch.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1))
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])

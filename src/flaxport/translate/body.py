@@ -216,6 +216,8 @@ class BodyRenderer:
             return bool(u.stmt and u.stmt.is_return) and v in out_set and len(self.plan.io(self.frame)[1]) == 1
         if user.key != u.key or user.kind == "update" and False:
             return False
+        if user.kind == "op" and self.plan.flattens_channels_last(self.capture, user.node):
+            return False  # the flatten checks its (H, W) on a name: `assert h.shape[1:3] == ...`
         if user.kind == "op" and isinstance(user.node.meta.get("val"), (list, tuple)) and \
                 len([g for g in user.node.users if g.users]) > 1:
             return False  # its outputs are separate expressions: do not repeat v in each
@@ -424,13 +426,12 @@ class BodyRenderer:
         self.lines.append(f"{self.names[node]} = {expr.text}")
 
     def comment(self, text: str):
-        """A comment line before the statement being rendered (once per text)."""
+        """A comment line before the statement being rendered."""
         self.statement(f"# {text}")
 
     def statement(self, text: str):
-        """A line of its own before the statement being rendered (once per text)."""
-        if text not in self.lines:
-            self.lines.append(text)
+        """A line of its own before the statement being rendered."""
+        self.lines.append(text)
 
     def _bind(self, *values):
         for v in values:

@@ -125,7 +125,7 @@ def load(directory, *, seed=0):
     variables = dict(nnx.to_flat_state(nnx.state(model)))
     for name, path in json.loads(metadata["nnx_paths"]).items():
         key = tuple(int(p) if p.isdigit() else p for p in path.split("/"))
-        variables[key].set_value(jnp.asarray({array}))
+        {set_variable}
     for i, (_, key) in enumerate(nnx.to_flat_state(nnx.state(model, nnx.RngKey))):
         key.set_value(jax.random.fold_in(jax.random.key(seed), i))
     for _, count in nnx.to_flat_state(nnx.state(model, nnx.RngCount)):
@@ -136,33 +136,31 @@ def load(directory, *, seed=0):
 
 
 COLUMNS = '''
-# Linear weights that read a channels-last flatten, with the (C, H, W) shape it flattens:
+# Linear weights that read a channels-last flatten, with the (C, H, W) map it flattens:
 # the model holds their columns in (h, w, c) order, torch's state_dict in (c, h, w) order.
 CHANNELS_LAST_COLUMNS = {columns}
-
-
-def columns_channels_last(name, array):
-    """A weight as the model holds it: torch's (c, h, w) columns in (h, w, c) order where listed."""
-    if name not in CHANNELS_LAST_COLUMNS:
-        return array
-    c, h, w = CHANNELS_LAST_COLUMNS[name]
-    return array.reshape(-1, c, h, w).transpose(0, 2, 3, 1).reshape(array.shape)
-
 '''
+
+SET_VARIABLE = "variables[key].set_value(jnp.asarray(arrays[name]))"
+
+SET_VARIABLE_COLUMNS = """array = arrays[name]
+        if name in CHANNELS_LAST_COLUMNS:
+            array = columns_channels_last(array, CHANNELS_LAST_COLUMNS[name])
+        variables[key].set_value(jnp.asarray(array))"""
 
 
 def module_source(plan, header: str) -> str:
     """The whole model.py text."""
-    used = set(plan.helpers)
+    used = set(plan.helpers) | ({"columns_channels_last"} if plan.flat_weights else set())
     class_texts = [class_source(c) for c in plan.classes]
     body_text = "\n".join(class_texts)
     runtime_names = set(re.findall(r"\b([A-Za-z_]\w*)\b", body_text)) | used
     runtime = runtime_code(runtime_names)
     root = plan.classes[-1].name
-    loader = LOADER.replace("{root}", root).replace("{array}", "arrays[name]")
+    set_variable = SET_VARIABLE_COLUMNS if plan.flat_weights else SET_VARIABLE
+    loader = LOADER.replace("{root}", root).replace("{set_variable}", set_variable)
     if plan.flat_weights:
-        loader = COLUMNS.format(columns=repr(plan.flat_weights)) + LOADER.replace("{root}", root).replace(
-            "{array}", "columns_channels_last(name, arrays[name])")
+        loader = COLUMNS.format(columns=repr(plan.flat_weights)) + loader
     code = "\n\n\n".join(part for part in [runtime, *class_texts, loader.strip()] if part)
     imports = _imports(code)
     text = f'"""{header}"""\n' + "\n".join(imports) + "\n\n\n" + code + "\n"

@@ -122,8 +122,9 @@ def flattened_linears(capture, channels_last: dict) -> dict:
     weight's columns in (h, w, c) order instead (set when the weights are loaded; torch's
     order wherever they are saved). The flatten and the linear must run in one module's
     forward (or the linear in an nn.Linear it calls), so no compared submodule output is
-    ever the permuted value. A 1x1 map (after a global pool) has one order already. (H, W) are the example's: the linear fixes C * H * W, and the
-    translation checks the image size where it flattens.
+    ever the permuted value. A 1x1 map (after a global pool) has one order already. (H, W)
+    are the example's: the linear fixes only C * H * W, so the file checks (H, W) where it
+    flattens.
     """
     frames = capture.node_frames()
     out = {}
@@ -159,13 +160,7 @@ def _example_size(size):
     return int(hint) if hint is not None else None
 
 
-def columns_channels_last(weight, chw):
-    """A linear weight (out, C * H * W) in torch's column order -> columns in (h, w, c) order."""
-    c, h, w = chw
-    return weight.reshape(-1, c, h, w).transpose(0, 2, 3, 1).reshape(weight.shape)
-
-
 def columns_torch(weight, chw):
-    """Undoes columns_channels_last: (out, H * W * C) -> torch's (c, h, w) column order."""
+    """Undoes runtime.functions.columns_channels_last: (out, H * W * C) -> torch's (c, h, w) order."""
     c, h, w = chw
     return weight.reshape(-1, h, w, c).transpose(0, 3, 1, 2).reshape(weight.shape)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxport.translate import layout
+from flaxport.translate.layout import columns_torch
+from flaxport.translate.runtime.functions import columns_channels_last
 from flaxport.translate.errors import TranslateError, UnsupportedOpsError
 
 
@@ -197,7 +198,7 @@ class Translation:
             if dtype is not None and np.issubdtype(a.dtype, np.floating):
                 a = a.astype(dtype)
             if name in self.plan.flat_weights:
-                a = layout.columns_channels_last(a, self.plan.flat_weights[name])
+                a = columns_channels_last(a, self.plan.flat_weights[name])
             var.set_value(jnp.asarray(a))
         unset = [p for p, v in variables.items() if isinstance(v.get_value(), jax.ShapeDtypeStruct)]
         if unset and strict:
@@ -228,7 +229,7 @@ class Translation:
             if np.issubdtype(ref.dtype, np.integer):
                 a = a.astype(ref.dtype)
             if name in self.plan.flat_weights:
-                a = layout.columns_torch(a, self.plan.flat_weights[name])
+                a = columns_torch(a, self.plan.flat_weights[name])
             out[name] = a
         return out
 

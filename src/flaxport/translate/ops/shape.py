@@ -35,12 +35,11 @@ def _flatten_channels_last(c, node):
     _, h, w = c.body.plan.flat_weights[weight]
     layer = weight.rsplit(".", 1)[0]
     c.body.comment(f"{layer}'s weight holds its columns in (h, w, c) order (load() puts them so), for {h}x{w} maps")
-    if x.text.isidentifier():  # the order is the example's: another (H, W) with the same C * H * W would pass unseen
-        c.body.statement(f"assert {x.text}.shape[{'1:3' if last else '2:'}] == ({h}, {w}), "
-                         f"\"{layer} was translated for {h}x{w} maps\"")
-        batch = f"{x.text}.shape[0]"
-    else:
-        batch = c.size([c.val("self").shape[0]], bare=True).text
+    # The column order is the example's: another (H, W) with the same C * H * W would pass unseen.
+    # x is always a name here (the body never inlines this flatten's input).
+    c.body.statement(f"assert {x.text}.shape[{'1:3' if last else '2:'}] == ({h}, {w}), "
+                     f"\"{layer} was translated for {h}x{w} maps\"")
+    batch = f"{x.text}.shape[0]"
     if not last:
         x = method(x, "transpose", Expr("0, 2, 3, 1"))
     return method(x, "reshape", Expr(f"{batch}, -1"))

@@ -388,6 +388,13 @@ def pixel_shuffle(x, upscale_factor):
     return x.reshape(n, c // (r * r), h * r, w * r)
 
 
+def columns_channels_last(weight, chw):
+    """A Linear weight (out, C * H * W) with torch's (c, h, w) column order -> its columns in
+    (h, w, c) order, for a Linear that reads a channels-last flatten of a (C, H, W) map."""
+    c, h, w = chw
+    return weight.reshape(-1, c, h, w).transpose(0, 2, 3, 1).reshape(weight.shape)
+
+
 def _tuple(v, n):
     return tuple(v) * (n if len(tuple(v)) == 1 else 1) if isinstance(v, (tuple, list)) else (v,) * n
 
