@@ -109,6 +109,16 @@ def test_translate_writes_the_files_and_the_summary(models, tmp_path, cli):
     assert "class Block(nnx.Module):" in (out / "model.py").read_text()
 
 
+def test_conv_native_writes_the_optional_kernel_import_and_says_what_the_proof_ran(models, tmp_path, capsys):
+    code, out, err = _run([f"{models}:net", "--input", "2,3,16,16", "--out", tmp_path / "net", "--conv", "native"],
+                          capsys)
+    assert code == 0, err
+    assert "note: conv native: " in out and "parity (float64, eval mode): OK" in out
+    source = (tmp_path / "net" / "model.py").read_text()
+    assert "    from flaxport.kernels import conv as flaxport_conv\nexcept ImportError:\n" in source
+    assert "Note: conv native: " in (tmp_path / "net" / "parity.md").read_text()
+
+
 def test_weights_are_loaded_without_unpickling_and_must_fit(models, tmp_path, capsys):
     import importlib.util
 
@@ -174,6 +184,8 @@ def test_user_errors_are_one_line_each(models, tmp_path, capsys):
         ([f"{models}:branch", "--input", "2,3", "--out", tmp_path / "o"],
          "forward branches on a tensor's value"),
         ([f"{models}:net", "--input", "2,3,16", "--out", tmp_path / "o"], "torch.export could not capture the forward"),
+        ([f"{models}:net", "--input", "2,3,16,16", "--out", tmp_path / "o", "--conv", "cudnn"],
+         "argument --conv: invalid choice: 'cudnn'"),
     ]
     for argv, message in cases:
         code, out, err = _run(argv, capsys)

@@ -14,6 +14,9 @@ Small widths and resolutions so a translation and its float64 proof take seconds
 """
 import functools
 import math
+import subprocess
+import sys
+import textwrap
 
 import torch
 import torch.nn.functional as F
@@ -386,3 +389,18 @@ def translated(name):
 
     module, inputs = make(name)
     return module, inputs, translate(module, *inputs)
+
+
+_REFUSE = """
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("flaxport", "torch"):
+            raise ImportError(name + " is not installed here")
+sys.meta_path.insert(0, Refuse())
+"""
+
+
+def run_without_flaxport_or_torch(code: str) -> None:
+    """Run Python `code` in a subprocess where importing flaxport or torch fails (raises if it fails)."""
+    subprocess.run([sys.executable, "-c", _REFUSE + textwrap.dedent(code)], check=True, timeout=300)

@@ -5,10 +5,11 @@ timed against the workload's own hand-written Flax CNN holding the same weights 
 by its key map): the jitted eval-mode forward on one batch of the config's batch size,
 steady state, in interleaved rounds (a slow spell of the shared machine hits every model
 alike), medians compared; compile times are reported apart. The hand-written model runs
-twice: with the config's convolution (flaxport's native FFI kernels on CPU, which a
-generated file cannot use: it imports only jax, flax and numpy) and with XLA's
-convolution (what the translation calls), so the figure says which part is layout and
-which is the kernel.
+twice: with the config's convolution (flaxport's native FFI kernels on CPU) and with
+XLA's convolution, and the translation four times: torch's layout and --layout nhwc,
+each on XLA's convolution (the default file, which imports only jax, flax and numpy) and
+with --conv native (the file calls flaxport's kernels), so the figures say which part is
+layout and which is the kernel.
 
 With --train it times the train step instead: train_step.py as `translate --optimizer
 "torch.optim.Adam(lr=1e-3)" --loss "torch.nn.functional.nll_loss"` writes it (the config's
@@ -23,6 +24,12 @@ import json
 import statistics
 import sys
 import time
+
+
+# (row name, translate's layout, translate's conv)
+TRANSLATIONS = (("translated (nchw)", "nchw", "xla"), ("translated (nhwc)", "nhwc", "xla"),
+                ("translated (nchw, --conv native)", "nchw", "native"),
+                ("translated (nhwc, --conv native)", "nhwc", "native"))
 
 
 def _args(argv):
@@ -66,14 +73,14 @@ def run(args) -> dict:
     if args.train:
         return _time(args, batch, jax, _train_runs(config, twin, images, jnp, np), config)
     runs = {}
-    for layout in ("nchw", "nhwc"):
-        t = translate(twin, images, layout=layout, check=False)
+    for name, layout, conv in TRANSLATIONS:
+        t = translate(twin, images, layout=layout, conv=conv, check=False)
         # The model's arrays as a flat list: an nnx.State argument takes jit's slower Python
         # dispatch path (2 ms a call here), a list of arrays its fast one.
         graphdef, state = nnx.split(t.model)
         leaves, treedef = jax.tree.flatten(state)
         fn = jax.jit(lambda arrays, x, g=graphdef, d=treedef: nnx.merge(g, jax.tree.unflatten(d, arrays))(x))
-        runs[f"translated ({layout})"] = (fn, leaves, images_nchw)
+        runs[name] = (fn, leaves, images_nchw)
     for impl in (config.conv_impl, "xla"):
         cfg = dataclasses.replace(config, conv_impl=impl)
         variables = convert.torch_to_flax(cfg, twin.state_dict())
@@ -97,8 +104,8 @@ def _train_runs(config, twin, images, jnp, np) -> dict:
     labels = np.random.default_rng(0).integers(0, config.num_classes, images.shape[0]).astype(np.int32)
     runs = {}
     adam = ("Adam", {"lr": config.lr, "betas": (config.b1, config.b2), "eps": config.adam_eps})
-    for layout in ("nchw", "nhwc"):
-        t = translate(twin.train(), images, layout=layout, check=False)
+    for name, layout, conv in TRANSLATIONS:
+        t = translate(twin.train(), images, layout=layout, conv=conv, check=False)
         made = write_train_step(t, twin, adam, Loss("nll_loss", {}, "F.nll_loss"), check=False)
         train_step, state, _ = _namespace(made.source)["make_train_step"](t.new_model())
 
@@ -106,7 +113,7 @@ def _train_runs(config, twin, images, jnp, np) -> dict:
             box[0], loss = train_step(box[0], x, jnp.asarray(labels))
             return loss
 
-        runs[f"translated train_step.py ({layout})"] = (run, [state], jnp.asarray(images.numpy()))
+        runs[f"{name} train_step.py"] = (run, [state], jnp.asarray(images.numpy()))
     batch = {"image": jnp.asarray((images.numpy().transpose(0, 2, 3, 1) * 255).astype(np.uint8)),
              "label": jnp.asarray(labels)}
     for impl in (config.conv_impl, "xla"):
@@ -165,7 +172,7 @@ def main(argv=None) -> int:
               f"{r['ratio_vs_hand_written_xla_conv'][name]:.2f}x | {r['compile_seconds'][name]} |")
     if r["max_abs_output_difference"]:
         worst = max(r["max_abs_output_difference"].values())
-        print(f"all four compute the same log-probabilities (max |difference| {worst:.1e})")
+        print(f"all {len(r['median_ms'])} compute the same log-probabilities (max |difference| {worst:.1e})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)

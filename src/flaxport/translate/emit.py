@@ -1,6 +1,7 @@
 """The generated model file: imports, the runtime pieces it uses, the classes, `load()`.
 
-The file imports only jax, flax.nnx, numpy and the standard library. Runtime layers and
+The file imports only jax, flax.nnx, numpy and the standard library (and, with
+conv="native", flaxport's kernels where flaxport is installed). Runtime layers and
 functions are copied from translate/runtime (only the ones used, with what they use).
 Long lines are wrapped at argument commas; black formats the file instead when it is
 installed.
@@ -18,13 +19,14 @@ _MARK = re.compile("\x00(\\d+)\x00")
 
 
 # --------------------------------------------------------------------------- runtime pieces
-def _runtime_sources() -> dict:
-    """name -> (order, source, names it refers to) for every top-level def in the runtime."""
-    from flaxport.translate.runtime import functions, layers
+def _runtime_sources(conv: str = "xla") -> dict:
+    """name -> (order, source, names it refers to) for every top-level def in the runtime
+    (with conv="native", runtime/native.py's definitions in place of those of the same name)."""
+    from flaxport.translate.runtime import functions, layers, native
 
     out = {}
     order = 0
-    for mod in (functions, layers):
+    for mod in (functions, layers) + ((native,) if conv == "native" else ()):
         text = inspect.getsource(mod)
         tree = ast.parse(text)
         lines = text.splitlines()
@@ -33,7 +35,8 @@ def _runtime_sources() -> dict:
             refs |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 start = node.lineno - 1 - len(node.decorator_list)
-                out[node.name] = (order, "\n".join(lines[start:node.end_lineno]), refs)
+                at = out[node.name][0] if node.name in out else order  # a replacement keeps its place
+                out[node.name] = (at, "\n".join(lines[start:node.end_lineno]), refs)
                 order += 1
             elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
                     isinstance(node.value.func, ast.Attribute) and isinstance(node.value.func.value, ast.Name) and \
@@ -44,9 +47,9 @@ def _runtime_sources() -> dict:
     return out
 
 
-def runtime_code(names: set) -> str:
+def runtime_code(names: set, conv: str = "xla") -> str:
     """The runtime definitions `names` need (transitively), in the runtime's own order."""
-    sources = _runtime_sources()
+    sources = _runtime_sources(conv)
     needed, todo = set(), [n for n in names if n in sources]
     while todo:
         name = todo.pop()
@@ -149,13 +152,21 @@ SET_VARIABLE_COLUMNS = """array = arrays[name]
         variables[key].set_value(jnp.asarray(array))"""
 
 
-def module_source(plan, header: str) -> str:
-    """The whole model.py text."""
+NATIVE_IMPORT = """
+try:  # flaxport's native CPU convolutions (translate --conv native); XLA's where flaxport is absent
+    from flaxport.kernels import conv as flaxport_conv
+except ImportError:
+    flaxport_conv = None
+"""
+
+
+def module_source(plan, header: str, conv: str = "xla") -> str:
+    """The whole model.py text; conv="native": convolutions on flaxport's kernels where installed."""
     used = set(plan.helpers) | ({"columns_channels_last"} if plan.flat_weights else set())
     class_texts = [class_source(c) for c in plan.classes]
     body_text = "\n".join(class_texts)
     runtime_names = set(re.findall(r"\b([A-Za-z_]\w*)\b", body_text)) | used
-    runtime = runtime_code(runtime_names)
+    runtime = runtime_code(runtime_names, conv)
     root = plan.classes[-1].name
     set_variable = SET_VARIABLE_COLUMNS if plan.flat_weights else SET_VARIABLE
     loader = LOADER.replace("{root}", root).replace("{set_variable}", set_variable)
@@ -163,6 +174,8 @@ def module_source(plan, header: str) -> str:
         loader = COLUMNS.format(columns=repr(plan.flat_weights)) + loader
     code = "\n\n\n".join(part for part in [runtime, *class_texts, loader.strip()] if part)
     imports = _imports(code)
+    if re.search(r"\bflaxport_conv\.", code):
+        imports.append(NATIVE_IMPORT)
     text = f'"""{header}"""\n' + "\n".join(imports) + "\n\n\n" + code + "\n"
     text = _strip_runtime_imports(text)
     return format_source(text)

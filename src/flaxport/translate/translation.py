@@ -12,8 +12,8 @@ from flaxport.translate.runtime.functions import columns_channels_last
 from flaxport.translate.errors import TranslateError, UnsupportedOpsError
 
 
-def translate(module, *example_args, layout: str = "nchw", check: bool = True, example_kwargs=None,
-              **kwargs) -> "Translation":
+def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", check: bool = True,
+              example_kwargs=None, **kwargs) -> "Translation":
     """Translate a torch.nn.Module into Flax NNX source, with its weights and the proof.
 
     module: any torch.nn.Module; it is left as it was (every capture and check runs on
@@ -21,11 +21,15 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
     example_args / kwargs: example inputs in torch's layout (tensors; int64 for token ids).
       Sizes export can keep symbolic (batch, sequence length, image side) are read from
       `x.shape` in the generated code, so other sizes work too. Non-tensor arguments are
-      fixed at their example values. `layout` and `check` are taken as options; pass a
+      fixed at their example values. `layout`, `conv` and `check` are taken as options; pass a
       forward argument with one of those names through `example_kwargs={...}`.
     layout: "nchw" keeps torch's layout throughout; "nhwc" keeps image values channels-last
       inside (convolutions, normalisation, pooling, resampling, elementwise ops), with
       transposes where another op reads them; inputs and outputs stay in torch's layout.
+    conv: "xla" (XLA's convolutions; the file imports only jax, flax, numpy and the
+      standard library) or "native": the file runs the 2-D convolutions flaxport's CPU
+      kernels can (float32, stride 1, ...; docs/cpu.md) on them where flaxport is installed,
+      and XLA's convolution elsewhere.
     check: run the proof (float64 per submodule boundary, float32 beside) into `t.report`.
 
     Both train and eval mode are captured (Python branches on `self.training` included),
@@ -40,6 +44,8 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
 
     if layout not in ("nchw", "nhwc"):
         raise TranslateError(f"layout {layout!r}: choose 'nchw' (torch's layout) or 'nhwc'")
+    if conv not in ("xla", "native"):
+        raise TranslateError(f"conv {conv!r}: choose 'xla' (XLA's convolution) or 'native' (flaxport's CPU kernels)")
     kwargs = {**(example_kwargs or {}), **kwargs}
     args = tuple(example_args)
     if not isinstance(module, torch.nn.Module):
@@ -68,8 +74,10 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
     build_classes(plan)
     if plan.problems:
         raise UnsupportedOpsError(plan.problems)
-    header = _header(module, captures, plan.flat_weights)
-    source = module_source(plan, header)
+    header = _header(module, captures, plan.flat_weights, conv)
+    source = module_source(plan, header, conv)
+    if "flaxport_conv." in source:
+        notes.append(_native_note())
     t = Translation(source, module, plan, primary, args, kwargs, notes)
     if check:
         from flaxport.translate.proof import prove
@@ -78,7 +86,18 @@ def translate(module, *example_args, layout: str = "nchw", check: bool = True, e
     return t
 
 
-def _header(module, captures, flat_weights) -> str:
+def _native_note() -> str:
+    from flaxport import kernels
+
+    if not kernels.available():
+        return f"conv native: flaxport's CPU kernels are unavailable here ({kernels.unavailable_reason()}); " \
+               "every convolution ran on XLA's"
+    return ("conv native: the float32 figures ran the convolutions flaxport's CPU kernels can run on them; "
+            "the kernels are float32 only, so the float64 figures check XLA's convolution, which the file runs "
+            "where the kernels cannot")
+
+
+def _header(module, captures, flat_weights, conv) -> str:
     cls = type(module)
     held = (
         "Parameters keep torch's names, shapes and layouts, so\n"
@@ -92,7 +111,9 @@ def _header(module, captures, flat_weights) -> str:
             f"Inputs, in torch's layout (the example's shape):\n{shapes}\n"
             f"{held}"
             "weights.safetensors is torch's state_dict. `load(directory)` returns the model with them;\n"
-            "`model.train()` / `model.eval()` switch BatchNorm and dropout as in torch.\n")
+            "`model.train()` / `model.eval()` switch BatchNorm and dropout as in torch.\n"
+            + ("\nConvolutions run on flaxport's native CPU kernels where flaxport is installed and the\n"
+               "kernels can run them (`_convolution`), on XLA's convolution elsewhere.\n" if conv == "native" else ""))
 
 
 def _input_shape(name: str, value) -> str:

@@ -51,10 +51,16 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, channe
         padding = [(0, 0)] * n if padding == "valid" else [(t // 2, t - t // 2) for t in total]
     else:
         padding = [(p, p) for p in _tuple(padding, n)]
-    spatial = "DHW"[-n:]
-    y = lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
-                                 dimension_numbers=("N" + spatial + "C", "OI" + spatial, "N" + spatial + "C"))
+    y = _convolution(x, weight, stride, padding, dilation, groups)
     return y if bias is None else y + bias
+
+
+def _convolution(x, weight, stride, padding, dilation, groups):
+    """XLA's convolution: x (N, *S, C), weight (O, C/groups, *K), padding [(low, high)] per axis -> (N, *S', O)."""
+    n = weight.ndim - 2
+    spatial = "DHW"[-n:]
+    return lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
+                                    dimension_numbers=("N" + spatial + "C", "OI" + spatial, "N" + spatial + "C"))
 
 
 def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1,

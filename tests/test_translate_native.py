@@ -1,0 +1,130 @@
+"""translate(conv="native") / `--conv native`: the generated file runs the convolutions flaxport's
+CPU kernels can run on them (counted in the jaxpr), XLA's convolution runs the rest, the
+forward and three SGD steps match torch, and the file still runs where flaxport cannot be
+imported.
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flaxport import kernels  # noqa: E402
+
+pytestmark = [pytest.mark.torch,
+              pytest.mark.skipif(not kernels.available(), reason=f"no native kernels: {kernels.unavailable_reason()}")]
+
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+
+class Mixed(nn.Module):
+    """Two convolutions the kernels run (3x3 and 5x5 'same', stride 1, 16 and 32 channels out, one
+    functional) and five they cannot (stride 2, groups, 10 channels out, padding that differs per
+    axis, dilation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.body_weight = nn.Parameter(torch.randn(32, 16, 5, 5) * 0.05)
+        self.bn = nn.BatchNorm2d(32)
+        self.down = nn.Conv2d(32, 32, 3, stride=2, padding=1)
+        self.depthwise = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.narrow = nn.Conv2d(32, 10, 3, padding=(1, 0))
+        self.dilated = nn.Conv2d(10, 16, 3, padding=2, dilation=2)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = torch.relu(self.bn(F.conv2d(h, self.body_weight, padding="same")))
+        h = self.dilated(self.narrow(self.depthwise(self.down(h))))
+        return self.head(h.mean((2, 3)))
+
+
+def _native_calls(t, x) -> int:
+    """How many of flaxport's forward kernels the float32 eval forward of t.model calls."""
+    import jax
+    from flax import nnx
+
+    graphdef, state = nnx.split(t.model)
+    jaxpr = jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x))(state, x)
+    return str(jaxpr).count("target_name=flaxport_conv_fwd")
+
+
+def test_the_cnn_runs_its_convolutions_on_the_kernels_and_matches_torch():
+    import jax.numpy as jnp
+
+    import translate_zoo as zoo
+    from flaxport.translate import translate
+
+    module, (x,) = zoo.make("cnn")
+    t = translate(module, x, conv="native")
+    assert t.report.ok, str(t.report)
+    assert any("float64 figures check XLA's convolution" in n for n in t.notes)
+    assert _native_calls(t, jnp.asarray(x.numpy())) == 2
+    assert "from flaxport.kernels import conv as flaxport_conv" in t.source
+    assert "flaxport_conv" not in zoo.translated("cnn")[2].source  # the default file: XLA's convolution only
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(np.asarray(t.model(jnp.asarray(x.numpy()))), want, rtol=1e-5, atol=1e-5)
+
+
+def test_convolutions_the_kernels_cannot_run_go_to_xla_and_three_sgd_steps_match_torch():
+    """Forward proof, the two kernel calls among seven convolutions, and check_step's three SGD steps
+    in float32: the kernels' weight and input gradients against torch's (SGD, not Adam: Adam's
+    first steps turn float32 rounding of near-zero gradients into lr-sized differences)."""
+    import jax.numpy as jnp
+
+    from flaxport.port import check_step
+    from flaxport.translate import translate
+
+    torch.manual_seed(0)
+    module = Mixed().train()
+    x = torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    t = translate(module, x, conv="native")
+    assert t.report.ok, str(t.report)
+    t.model.eval()
+    assert _native_calls(t, jnp.asarray(x.numpy())) == 2
+    t.model.train()
+    targets = torch.randint(0, 4, (4,), generator=torch.Generator().manual_seed(2))
+    report = check_step(module, torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9), F.cross_entropy, t,
+                        (x, targets), steps=3, recheck_float64=False)
+    assert report.ok, str(report)
+    assert {r.phase for r in report.rows} >= {"loss", "grad", "param"}
+
+
+def test_the_native_file_runs_where_flaxport_cannot_be_imported(tmp_path):
+    """Without flaxport the file's convolutions are XLA's: same numbers up to float32 rounding."""
+    import translate_zoo as zoo
+    from flaxport.translate import translate
+
+    module, (x,) = zoo.make("cnn")
+    translate(module, x, conv="native", check=False).save(tmp_path / "cnn")
+    np.save(tmp_path / "x.npy", x.numpy())
+    zoo.run_without_flaxport_or_torch(f"""
+        import importlib.util
+        import numpy as np
+        spec = importlib.util.spec_from_file_location("model", {str(tmp_path / 'cnn' / 'model.py')!r})
+        model_py = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(model_py)
+        assert model_py.flaxport_conv is None
+        model = model_py.load({str(tmp_path / 'cnn')!r})
+        np.save({str(tmp_path / 'y.npy')!r}, np.asarray(model(np.load({str(tmp_path / 'x.npy')!r}))))
+    """)
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_that_computes_something_else_fails_the_proof(monkeypatch):
+    """The float64 column runs XLA's convolution, so with conv="native" the float32 column is checked
+    too: a kernel 1% off is caught at the first convolution."""
+    import translate_zoo as zoo
+    from flaxport.kernels import conv as kernel_conv
+    from flaxport.translate import translate
+
+    right = kernel_conv.native_conv2d
+    monkeypatch.setattr(kernel_conv, "native_conv2d", lambda x, kernel, padding: right(x, kernel, padding) * 1.01)
+    module, (x,) = zoo.make("cnn")
+    report = translate(module, x, conv="native").report
+    assert not report.ok and report.first_divergence.torch_name == "conv1", str(report)
+    assert "on flaxport's kernels" in report.first_divergence.note
