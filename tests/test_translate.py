@@ -78,9 +78,28 @@ def test_translation_passes_the_float64_proof_and_runs_at_other_sizes(name):
 @pytest.mark.parametrize("name", zoo.MORE)
 def test_more_shapes_of_torch_code(name):
     """Dict outputs, Conv1d/InstanceNorm/AvgPool1d, a GRU state handed to another GRU, split,
-    torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values."""
+    torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values, a class token and
+    nn.MultiheadAttention over patches, adaptive max-pool, argmax."""
     module, inputs, t = zoo.translated(name)
     assert t.report.ok and t.report.precision == "float64", str(t.report)
+
+
+def test_sizes_come_from_the_arrays_at_hand_and_each_op_runs_once():
+    """The attention's sequence length, (H // 4) * (W // 4) + 1 of the image, is read from the
+    arrays the attention holds (no image sizes passed in); the packed projection is split once
+    into named parts; the model runs on another image size."""
+    import jax.numpy as jnp
+
+    module, inputs, t = zoo.translated("patches")
+    src = t.source
+    assert "    def __call__(self, query, key, value):" in src, src
+    assert "a = self.attn(self.ln(h), self.ln(h), self.ln(h))" in src
+    assert "_, _, _ =" not in src and src.count("jnp.split(self.in_proj_weight[...], 3, axis=0)") == 1
+    assert "size" not in src[src.index("class MultiheadAttention"):src.index("def read_safetensors")]
+    x = torch.randn(3, 3, 8, 12)  # 2 x 3 patches: a sequence of 7
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(np.asarray(t.model(jnp.asarray(x.numpy()))), want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

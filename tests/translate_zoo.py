@@ -290,6 +290,49 @@ class Gated(nn.Module):
         return h.flatten(2).max(-1).values
 
 
+class PatchAttention(nn.Module):
+    """ViT-style: patches by a strided conv, a class token, nn.MultiheadAttention over a sequence
+    whose length is a size expression of the image's ((H // 4) * (W // 4) + 1), tanh GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv2d(3, 16, 4, stride=4)
+        self.cls = nn.Parameter(torch.randn(1, 1, 16) * 0.02)
+        self.pos = nn.Parameter(torch.randn(1, 17, 16) * 0.02)
+        self.ln = nn.LayerNorm(16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 16))
+
+    def forward(self, x):
+        h = self.proj(x).flatten(2).transpose(1, 2)
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], 1)
+        h = h + self.pos[:, : h.shape[1]]
+        a, _ = self.attn(self.ln(h), self.ln(h), self.ln(h), need_weights=False)  # three arrays: the general path
+        h = h + a
+        return (h + self.mlp(self.ln(h)))[:, 0]
+
+
+class Peaks(nn.Module):
+    """Ops with several outputs whose outputs are named: AdaptiveMaxPool2d (values of
+    values-and-indices), max(dim) values and argmax; chunk, F.normalize, PReLU, clamp."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.prelu = nn.PReLU()
+        self.pool = nn.AdaptiveMaxPool2d((2, 2))
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.prelu(self.conv(F.pad(x, (1, 1, 1, 1), mode="reflect")))
+        h = self.pool(h)
+        a, b = torch.chunk(h, 2, dim=1)
+        h = torch.cat([F.elu(a), torch.clamp(b, -1, 1)], 1)
+        flat = h.permute(0, 2, 3, 1).reshape(h.shape[0], -1, 8)
+        top = flat.max(dim=1)
+        return self.fc(F.normalize(torch.cat([top.values, flat.mean(1)], 1), dim=1)), flat.argmax(dim=1)
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -329,6 +372,10 @@ def make(name, seed=0):
         return Seq2Seq().eval(), (torch.randint(0, 20, (2, 5), generator=g), torch.randint(0, 20, (2, 4), generator=g))
     if name == "gated":
         return randomize_batchnorm(Gated()).eval(), (torch.randn(2, 4, 5, 5, generator=g),)
+    if name == "patches":
+        return PatchAttention().eval(), (torch.randn(2, 3, 16, 16, generator=g),)
+    if name == "peaks":
+        return Peaks().eval(), (torch.randn(2, 3, 8, 8, generator=g),)
     raise KeyError(name)
 
 
@@ -377,7 +424,7 @@ def _hf(name, g):
 
 
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
-MORE = ("audio", "seq2seq", "gated")
+MORE = ("audio", "seq2seq", "gated", "patches", "peaks")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
 

@@ -410,6 +410,10 @@ class BodyRenderer:
                 self.exprs[node] = result
                 return
             targets = ["_"] * len(val)
+            for g in used:  # outputs read inline get names here: the op runs once, not once per read
+                if isinstance(g.args[1], int) and g not in self.names:
+                    self._claim(g, self._fallback_name(u, g), u.index)
+                    self.live[self.names[g]] = math.inf
             for g in node.users:
                 if isinstance(g.args[1], int) and g in self.names:
                     targets[g.args[1]] = self.names[g]
@@ -421,7 +425,7 @@ class BodyRenderer:
             return
         if node in self.exprs:  # a getitem already bound by a tuple statement
             return
-        expr = self._op_expr(node)
+        expr = self._output_of(node) or self._op_expr(node)
         self._bind(node)
         self.lines.append(f"{self.names[node]} = {expr.text}")
 
@@ -479,23 +483,32 @@ class BodyRenderer:
             raise RuntimeError(f"value {v.name} is not available in {self.frame.name or 'the top module'}")
         if u.kind == "call":
             return self._call_expr(u)
-        if cap._target_name(v) in ("<built-in function getitem>", "getitem"):
-            parent = v.args[0]
-            if parent not in self.multi and parent not in self.exprs and parent not in self.names:
-                rendered = self.value(parent)
-                if isinstance(rendered, Outputs):
-                    self.multi[parent] = rendered
-                    self.exprs.pop(parent, None)
-            if parent in self.multi:
-                part = self.multi[parent][v.args[1]]
-                if part is None:
-                    raise Unsupported("an output of this op")
-                return part
-            if parent in self.exprs:
-                return Expr(f"{self.exprs[parent].at(ATOM)}[{v.args[1]}]")
+        part = self._output_of(v)
+        if part is not None:
+            return part
         expr = self._op_expr(v)
         self.exprs[v] = expr
         return expr
+
+    def _output_of(self, v) -> Expr | None:
+        """For v = getitem(op, i): the i-th output's expression where the op is one expression per
+        output (Outputs) or one unnamed expression; None for anything else."""
+        if cap._target_name(v) not in ("<built-in function getitem>", "getitem"):
+            return None
+        parent = v.args[0]
+        if parent not in self.multi and parent not in self.exprs and parent not in self.names:
+            rendered = self.value(parent)
+            if isinstance(rendered, Outputs):
+                self.multi[parent] = rendered
+                self.exprs.pop(parent, None)
+        if parent in self.multi:
+            part = self.multi[parent][v.args[1]]
+            if part is None:
+                raise Unsupported("an output of this op")
+            return part
+        if parent in self.exprs:
+            return Expr(f"{self.exprs[parent].at(ATOM)}[{v.args[1]}]")
+        return None
 
     def _placeholder(self, v, ph) -> Expr:
         if ph.kind == "input":
@@ -545,7 +558,9 @@ class BodyRenderer:
             for a in node.all_input_nodes:
                 collect(list(getattr(a.meta.get("val"), "shape", ()) or ()))
         for sym in dict.fromkeys(symbols):
-            self.sym_cache[str(sym)] = self._resolve_symbol(sym)
+            found = self._resolve_symbol(sym, ask_caller=False)
+            if found is not None:  # else resolved where it is printed (perhaps never: a larger size holds it)
+                self.sym_cache[str(sym)] = found
 
     def _op_expr_inner(self, node) -> Expr:
         handler = oplib.lookup(node)
@@ -584,9 +599,12 @@ class BodyRenderer:
             expr = value
         if isinstance(expr, (int, sympy.Integer)):
             return Expr(str(int(expr)))
-        return _print(expr, lambda sym: self.sym_cache.get(str(sym)) or self._resolve_symbol(sym))
+        first = self._op_arguments()
+        # a compound size (or part of one) that an array in scope holds is read from its shape
+        return _print(expr, lambda sym: self.sym_cache.get(str(sym)) or self._resolve_symbol(sym),
+                      lambda e: self._shape_holding(str(e), first))
 
-    def _resolve_symbol(self, symbol) -> str:
+    def _resolve_symbol(self, symbol, ask_caller: bool = True) -> str | None:
         """`v.shape[d]` for a named array in scope whose dim d is this size symbol: the current
         op's own arguments first, then the most recently computed arrays, then the inputs. An
         argument not yet named is given a name (a statement of its own) to be read from."""
@@ -594,21 +612,10 @@ class BodyRenderer:
         planned = self.sym_source.get((self.current_unit.index, name)) if self.current_unit is not None else None
         if planned is not None and planned in self.names and self.holder.get(self.names[planned]) is planned:
             return f"{self.names[planned]}.shape[{self._dim_of(planned, name)}]"
-        op = self.current_op
-        first, todo = [], [a for a in (op.all_input_nodes if op is not None else []) if not cap.is_sym(a)]
-        while todo:  # the op's arguments, and the arrays inside the ones written inline
-            a = todo.pop(0)
-            if a in first:
-                continue
-            first.append(a)
-            if a in self.inline and a in self.producer and a not in self.names:
-                todo += [b for b in self._used_by(self.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
-        recent = [v for v in reversed(list(self.holder.values()))]
-        for v in first + recent:
-            if v in self.names and self.holder.get(self.names[v]) is v:
-                found = self._dim_of(v, name)
-                if found is not None:
-                    return f"{self.names[v]}.shape[{found}]"
+        first = self._op_arguments()
+        held = self._shape_holding(name, first)
+        if held is not None:
+            return held
         for v in first:
             if v in self.producer and v not in self.names and self._dim_of(v, name) is not None and \
                     not isinstance(v.meta.get("val"), (list, tuple)):
@@ -619,7 +626,30 @@ class BodyRenderer:
                 self.exprs.pop(v, None)
                 self._bind(v)
                 return f"{self.names[v]}.shape[{self._dim_of(v, name)}]"
-        return self.plan.need_symbol(self.frame, name)
+        return self.plan.need_symbol(self.frame, name) if ask_caller else None
+
+    def _op_arguments(self) -> list:
+        """The current op's array arguments, and the arrays inside the ones written inline."""
+        op = self.current_op
+        first, todo = [], [a for a in (op.all_input_nodes if op is not None else []) if not cap.is_sym(a)]
+        while todo:
+            a = todo.pop(0)
+            if a in first:
+                continue
+            first.append(a)
+            if a in self.inline and a in self.producer and a not in self.names:
+                todo += [b for b in self._used_by(self.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
+        return first
+
+    def _shape_holding(self, name, first) -> str | None:
+        """`v.shape[d]` for a named array whose dim d is the size `name` (a symbol or an expression
+        of them): the arrays `first`, then the most recently computed ones; None if none holds it."""
+        for v in first + list(reversed(list(self.holder.values()))):
+            if v in self.names and self.holder.get(self.names[v]) is v:
+                found = self._dim_of(v, name)
+                if found is not None:
+                    return f"{self.names[v]}.shape[{found}]"
+        return None
 
     def _dim_of(self, v, name):
         """The axis of v's array holding size symbol `name` (its layout considered)."""
@@ -662,13 +692,16 @@ def _safe_name(name: str) -> str:
     return name if not name[0].isdigit() else "h" + name
 
 
-def _print(expr, resolve) -> Expr:
-    """A sympy size expression as Python (floor division, products, sums of shape entries)."""
+def _print(expr, resolve, held=lambda e: None) -> Expr:
+    """A sympy size expression as Python (floor division, products, sums of shape entries);
+    resolve(symbol) -> text, held(expression) -> `v.shape[d]` of an array holding it, or None."""
     import sympy
 
     def go(e):
         if isinstance(e, sympy.Symbol):
             return Expr(resolve(e))
+        if not e.is_number and held(e) is not None:
+            return Expr(held(e))
         if isinstance(e, sympy.Integer) or e.is_Integer:
             v = int(e)
             return Expr(str(v), ATOM if v >= 0 else oplib.UNARY)

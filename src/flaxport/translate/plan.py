@@ -330,7 +330,7 @@ class Plan:
         extra = self._extra_syms.setdefault(id(frame), [])
         if name not in extra:
             extra.append(name)
-        return f"size{extra.index(name)}" if len(extra) > 1 else "size"
+        return _size_name(extra.index(name))
 
     def param_names(self, frame) -> list:
         capture = self._capture_of(frame)
@@ -340,7 +340,7 @@ class Plan:
         else:
             names = self._guess_param_names(frame, [v for v in inputs if not isinstance(v, str)])
         extra = self._extra_syms.get(id(frame), [])
-        names += ["size" if len(extra) == 1 else f"size{i}" for i in range(len(extra))]
+        names += [_size_name(i) for i in range(len(extra))]
         return names
 
     def _guess_param_names(self, frame, inputs) -> list:
@@ -547,3 +547,8 @@ def _aliases(module) -> dict:
     for name, t in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
         groups.setdefault(id(t), []).append(name)
     return {name: names for names in groups.values() if len(names) > 1 for name in names}
+
+
+def _size_name(i: int) -> str:
+    """The parameter carrying a frame's i-th size its caller reads (fixed as soon as it is written: size, size1, ...)."""
+    return f"size{i}" if i else "size"
