@@ -77,6 +77,10 @@ MODELS = textwrap.dedent('''
 
     def broken():
         raise RuntimeError("needs a GPU")
+
+
+    def normed():
+        return nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Conv1d(2, 4, 3)), nn.ReLU())
 ''')
 
 
@@ -186,6 +190,9 @@ def test_user_errors_are_one_line_each(models, tmp_path, capsys):
         ([f"{models}:net", "--input", "2,3,16", "--out", tmp_path / "o"], "torch.export could not capture the forward"),
         ([f"{models}:net", "--input", "2,3,16,16", "--out", tmp_path / "o", "--conv", "cudnn"],
          "argument --conv: invalid choice: 'cudnn'"),
+        ([f"{models}:normed", "--input", "2,2,9", "--out", tmp_path / "o"],
+         "0.weight: parametrized (torch.nn.utils.parametrizations: weight_norm, spectral_norm, ...), which has no "
+         "translation; fold it into a plain weight first with torch.nn.utils.parametrize.remove_parametrizations"),
     ]
     for argv, message in cases:
         code, out, err = _run(argv, capsys)

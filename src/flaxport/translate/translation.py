@@ -50,6 +50,7 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
     args = tuple(example_args)
     if not isinstance(module, torch.nn.Module):
         raise TranslateError(f"translate needs a torch.nn.Module, got {type(module).__name__}")
+    _refuse_parametrizations(module)
     from flaxport.translate.capture import capture
     from flaxport.translate.classes import build_classes
     from flaxport.translate.emit import module_source
@@ -84,6 +85,19 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
 
         t.report = prove(t, module)
     return t
+
+
+def _refuse_parametrizations(module) -> None:
+    """torch.nn.utils.parametrize (weight_norm, spectral_norm, orthogonal): one line saying how to fold them."""
+    from torch.nn.utils import parametrize
+
+    found = [f"{path or 'the top module'}.{attr}" for path, m in module.named_modules()
+             if parametrize.is_parametrized(m) for attr in m.parametrizations]
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise TranslateError(f"{shown}: parametrized (torch.nn.utils.parametrizations: weight_norm, spectral_norm, ...), "
+                             "which has no translation; fold it into a plain weight first with "
+                             "torch.nn.utils.parametrize.remove_parametrizations(submodule, name)")
 
 
 def _native_note() -> str:
