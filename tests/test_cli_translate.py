@@ -80,7 +80,7 @@ MODELS = textwrap.dedent('''
 
 
     def normed():
-        return nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Conv1d(2, 4, 3)), nn.ReLU())
+        return nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Conv1d(2, 4, 3)), nn.ReLU())
 ''')
 
 
@@ -191,8 +191,8 @@ def test_user_errors_are_one_line_each(models, tmp_path, capsys):
         ([f"{models}:net", "--input", "2,3,16,16", "--out", tmp_path / "o", "--conv", "cudnn"],
          "argument --conv: invalid choice: 'cudnn'"),
         ([f"{models}:normed", "--input", "2,2,9", "--out", tmp_path / "o"],
-         "0.weight: parametrized (torch.nn.utils.parametrizations: weight_norm, spectral_norm, ...), which has no "
-         "translation; fold it into a plain weight first with torch.nn.utils.parametrize.remove_parametrizations"),
+         "0.weight: parametrized (spectral_norm, orthogonal, ...), which has no translation (weight_norm has); "
+         "fold it into a plain weight first with torch.nn.utils.parametrize.remove_parametrizations"),
     ]
     for argv, message in cases:
         code, out, err = _run(argv, capsys)

@@ -79,9 +79,21 @@ def test_translation_passes_the_float64_proof_and_runs_at_other_sizes(name):
 def test_more_shapes_of_torch_code(name):
     """Dict outputs, Conv1d/InstanceNorm/AvgPool1d, a GRU state handed to another GRU, split,
     torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values, a class token and
-    nn.MultiheadAttention over patches, adaptive max-pool, argmax."""
+    nn.MultiheadAttention over patches, adaptive max-pool, argmax, weight_norm'd Conv1d."""
     module, inputs, t = zoo.translated(name)
     assert t.report.ok and t.report.precision == "float64", str(t.report)
+
+
+def test_weight_norm_keeps_torchs_names_and_state_dict():
+    """weight_norm'd convs: g and v under torch's parametrizations names, in the file and back."""
+    module, inputs, t = zoo.translated("tcn")
+    assert 'self.parametrizations = nnx.Dict({"weight": ParametrizationList(rngs=rngs)})' in t.source
+    assert "class ParametrizedConv1d2(" in t.source  # parametrize makes a class per module: numbered, not clobbered
+    want = module.state_dict()
+    got = t.state_dict()
+    assert set(got) >= {"c1.parametrizations.weight.original0", "c2.parametrizations.weight.original1"}
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value.numpy(), err_msg=name)
 
 
 def test_sizes_come_from_the_arrays_at_hand_and_each_op_runs_once():
@@ -103,7 +115,7 @@ def test_sizes_come_from_the_arrays_at_hand_and_each_op_runs_once():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet", "transformer", "lstm", "ddim"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet", "transformer", "lstm", "ddim", "tcn"])
 def test_one_train_mode_forward_matches_torch_in_float64(name):
     """Outputs (dropout off on both sides) and every buffer torch updated: running_mean,
     running_var and num_batches_tracked of each BatchNorm."""
@@ -112,7 +124,7 @@ def test_one_train_mode_forward_matches_torch_in_float64(name):
     module, inputs, t = zoo.translated(name)
     report = check_train(t, module)
     assert report.ok, str(report)
-    if name in ("resnet18", "mobilenet", "ddim"):
+    if name in ("resnet18", "mobilenet", "ddim", "tcn"):
         stats = [r.torch_name for r in report.rows if r.phase == "running_stats"]
         assert any(s.endswith("running_var") for s in stats) and any(s.endswith("num_batches_tracked") for s in stats)
 

@@ -333,6 +333,23 @@ class Peaks(nn.Module):
         return self.fc(F.normalize(torch.cat([top.values, flat.mean(1)], 1), dim=1)), flat.argmax(dim=1)
 
 
+class TCN(nn.Module):
+    """A temporal conv net: weight_norm'd dilated causal Conv1d (parametrizations.weight.original0/1),
+    left padding cut off by slicing, BatchNorm1d, a Linear over time steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.utils.parametrizations.weight_norm(nn.Conv1d(2, 8, 3, dilation=2, padding=4))
+        self.c2 = nn.utils.parametrizations.weight_norm(nn.Conv1d(8, 8, 3, dilation=4, padding=8), dim=None)
+        self.bn = nn.BatchNorm1d(8)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = F.relu(self.c1(x))[..., :-4]
+        h = F.relu(self.bn(self.c2(h)))[..., :-8]
+        return self.fc(h.transpose(1, 2)).softmax(-1)
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -372,6 +389,8 @@ def make(name, seed=0):
         return Seq2Seq().eval(), (torch.randint(0, 20, (2, 5), generator=g), torch.randint(0, 20, (2, 4), generator=g))
     if name == "gated":
         return randomize_batchnorm(Gated()).eval(), (torch.randn(2, 4, 5, 5, generator=g),)
+    if name == "tcn":
+        return randomize_batchnorm(TCN()).eval(), (torch.randn(2, 2, 20, generator=g),)
     if name == "patches":
         return PatchAttention().eval(), (torch.randn(2, 3, 16, 16, generator=g),)
     if name == "peaks":
@@ -424,7 +443,7 @@ def _hf(name, g):
 
 
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
-MORE = ("audio", "seq2seq", "gated", "patches", "peaks")
+MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
 

@@ -338,8 +338,8 @@ def _group(plan, cls, instances, names_taken):
     first_attrs = _attrs(ordered[0][0])
     for k, group in enumerate(ordered):
         name = base_name if k == 0 else _variant_name(base_name, first_attrs, _attrs(group[0]), k)
-        while name in names_taken:
-            name = name + "_"
+        if name in names_taken:  # another torch class of this name (parametrize makes one per module)
+            name = next(f"{name}{n}" for n in range(2, 10_000) if f"{name}{n}" not in names_taken)
         names_taken.add(name)
         cdef = ClassDef(name, cls, group)
         cdef.base = "TorchModule" if any(i.needs_training for i in group) else "nnx.Module"

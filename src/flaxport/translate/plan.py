@@ -128,7 +128,7 @@ class Plan:
                 kind = "inline"
             elif isinstance(m, nn.Sequential) and frames:
                 kind = "sequential"
-            elif isinstance(m, (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
+            elif isinstance(m, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) and not (frames and _own_forward(m)):
                 kind = "container"
             else:
                 spec = layer_table.layer_spec(m, frames)
@@ -552,3 +552,10 @@ def _aliases(module) -> dict:
 def _size_name(i: int) -> str:
     """The parameter carrying a frame's i-th size its caller reads (fixed as soon as it is written: size, size1, ...)."""
     return f"size{i}" if i else "size"
+
+
+def _own_forward(module) -> bool:
+    """A container class with a forward of its own (a parametrization's ParametrizationList)."""
+    from torch import nn
+
+    return type(module).forward not in (nn.Module.forward, nn.ModuleList.forward, nn.ModuleDict.forward)

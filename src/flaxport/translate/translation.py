@@ -88,15 +88,18 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
 
 
 def _refuse_parametrizations(module) -> None:
-    """torch.nn.utils.parametrize (weight_norm, spectral_norm, orthogonal): one line saying how to fold them."""
+    """torch.nn.utils.parametrize other than weight_norm (spectral_norm, orthogonal, your own): one
+    line saying how to fold them. weight_norm translates (its ParametrizationList becomes a class)."""
     from torch.nn.utils import parametrize
+    from torch.nn.utils.parametrizations import _WeightNorm
 
     found = [f"{path or 'the top module'}.{attr}" for path, m in module.named_modules()
-             if parametrize.is_parametrized(m) for attr in m.parametrizations]
+             if parametrize.is_parametrized(m) for attr, chain in m.parametrizations.items()
+             if not all(isinstance(p, _WeightNorm) for p in chain)]
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        raise TranslateError(f"{shown}: parametrized (torch.nn.utils.parametrizations: weight_norm, spectral_norm, ...), "
-                             "which has no translation; fold it into a plain weight first with "
+        raise TranslateError(f"{shown}: parametrized (spectral_norm, orthogonal, ...), which has no translation "
+                             "(weight_norm has); fold it into a plain weight first with "
                              "torch.nn.utils.parametrize.remove_parametrizations(submodule, name)")
 
 

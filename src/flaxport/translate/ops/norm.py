@@ -47,6 +47,18 @@ def rms_norm(c, node):
     return binary(c, y, "*", c.x("weight"), MUL) if c.has("weight") else y
 
 
+@op("aten._weight_norm.default")
+def weight_norm(c, node):
+    """torch._weight_norm(v, g, dim) (weight_norm's parametrization): v * g / ||v||, the norm over
+    every axis but `dim` (over all of them for dim=-1)."""
+    v = c.x("v")
+    ndim = c.val("v").ndim
+    dim = c.raw("dim") if c.has("dim") else 0
+    axes = tuple(range(ndim)) if dim == -1 else tuple(a for a in range(ndim) if a != dim % ndim)
+    norm = call("jnp.linalg.vector_norm", v, axis=repr(axes), keepdims="True")
+    return binary(c, v, "*", binary(c, c.x("g"), "/", norm, MUL), MUL)
+
+
 @op("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default")
 def batch_norm(c, node):
     """F.batch_norm in a module's own forward: eval statistics, or batch statistics without buffers."""
