@@ -79,7 +79,8 @@ def test_translation_passes_the_float64_proof_and_runs_at_other_sizes(name):
 def test_more_shapes_of_torch_code(name):
     """Dict outputs, Conv1d/InstanceNorm/AvgPool1d, a GRU state handed to another GRU, split,
     torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values, a class token and
-    nn.MultiheadAttention over patches, adaptive max-pool, argmax, weight_norm'd Conv1d."""
+    nn.MultiheadAttention over patches, adaptive max-pool, argmax, weight_norm'd Conv1d, nn.RNN,
+    LocalResponseNorm and ChannelShuffle in a Sequential, nn.Bilinear, F.cosine_similarity."""
     module, inputs, t = zoo.translated(name)
     assert t.report.ok and t.report.precision == "float64", str(t.report)
 
@@ -115,7 +116,7 @@ def test_sizes_come_from_the_arrays_at_hand_and_each_op_runs_once():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet", "transformer", "lstm", "ddim", "tcn"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet", "transformer", "lstm", "ddim", "tcn", "rnn"])
 def test_one_train_mode_forward_matches_torch_in_float64(name):
     """Outputs (dropout off on both sides) and every buffer torch updated: running_mean,
     running_var and num_batches_tracked of each BatchNorm."""

@@ -132,6 +132,9 @@ CASES = [
     ("sort", aten.sort.default, (r(3, 7), 1, True), {}),
     # products
     ("linear", aten.linear.default, (r(2, 5, 3), r(4, 3), r(4)), {}),
+    ("bilinear", aten.bilinear.default, (r(2, 5, 3), r(2, 5, 4), r(6, 3, 4), r(6)), {}),
+    ("cosine_similarity", aten.cosine_similarity.default, (r(4, 6), r(1, 6)), {"dim": -1}),
+    ("cosine_similarity_eps", aten.cosine_similarity.default, (r(3, 5, 2) * 1e-3, r(3, 5, 2)), {"eps": 0.01}),
     ("matmul_batched", aten.matmul.default, (r(2, 3, 4), r(4, 5)), {}),
     ("bmm", aten.bmm.default, (r(2, 3, 4), r(2, 4, 5)), {}),
     ("addmm", aten.addmm.default, (r(5), r(3, 4), r(4, 5)), {"beta": 0.5, "alpha": 2.0}),
@@ -169,6 +172,8 @@ CASES = [
     ("upsample_bilinear_align", aten.upsample_bilinear2d.vec, (r(1, 2, 4, 5), [7, 9], True, None), {}),
     ("upsample_linear1d", aten.upsample_linear1d.vec, (r(1, 2, 6), [11], False, None), {}),
     ("pixel_shuffle", aten.pixel_shuffle.default, (r(1, 8, 3, 3), 2), {}),
+    ("channel_shuffle", aten.channel_shuffle.default, (r(2, 6, 3, 2), 3), {}),
+    ("native_channel_shuffle", aten.native_channel_shuffle.default, (r(2, 6, 5), 2), {}),
     # normalisation and attention
     ("layer_norm", aten.layer_norm.default, (r(2, 3, 8) * 3 + 1, [8], r(8), r(8), 1e-5), {}),
     ("layer_norm_2d", aten.layer_norm.default, (r(2, 3, 4), [3, 4], None, None, 1e-6), {}),

@@ -350,6 +350,36 @@ class TCN(nn.Module):
         return self.fc(h.transpose(1, 2)).softmax(-1)
 
 
+class ElmanRNN(nn.Module):
+    """nn.RNN with relu, 2 layers, bidirectional, batch_first; its final state read too."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 6)
+        self.rnn = nn.RNN(6, 8, num_layers=2, nonlinearity="relu", batch_first=True, bidirectional=True)
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, ids):
+        out, h = self.rnn(self.emb(ids))
+        return self.fc(out[:, -1]) + h.sum(0).sum(-1, keepdim=True)
+
+
+class Classic(nn.Module):
+    """AlexNet-era pieces: LocalResponseNorm and ChannelShuffle inside nn.Sequential, ZeroPad2d;
+    a head of nn.Bilinear and F.cosine_similarity against learned prototypes."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+                                      nn.ZeroPad2d((0, 1, 0, 1)), nn.LocalResponseNorm(3), nn.ChannelShuffle(2))
+        self.prototypes = nn.Parameter(torch.randn(4, 8))
+        self.pair = nn.Bilinear(8, 8, 4)
+
+    def forward(self, x):
+        f = self.features(x).mean((2, 3))
+        return self.pair(f, f) + F.cosine_similarity(f[:, None], self.prototypes[None], dim=-1)
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -389,6 +419,10 @@ def make(name, seed=0):
         return Seq2Seq().eval(), (torch.randint(0, 20, (2, 5), generator=g), torch.randint(0, 20, (2, 4), generator=g))
     if name == "gated":
         return randomize_batchnorm(Gated()).eval(), (torch.randn(2, 4, 5, 5, generator=g),)
+    if name == "rnn":
+        return ElmanRNN().eval(), (torch.randint(0, 20, (2, 7), generator=g),)
+    if name == "classic":
+        return Classic().eval(), (torch.randn(2, 3, 8, 8, generator=g),)
     if name == "tcn":
         return randomize_batchnorm(TCN()).eval(), (torch.randn(2, 2, 20, generator=g),)
     if name == "patches":
@@ -443,7 +477,7 @@ def _hf(name, g):
 
 
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
-MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn")
+MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
 

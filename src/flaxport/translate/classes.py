@@ -17,9 +17,9 @@ from flaxport.translate.plan import ClassDef, Instance, Line, ModeValue
 _MARK = re.compile("\x00(\\d+)\x00")
 RUNTIME_NAMES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
                  "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "Embedding", "LSTM", "GRU",
-                 "Buffer", "TorchModule", "Model"}
+                 "RNN", "Buffer", "TorchModule", "Model"}
 NEEDS_RNGS = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-              "Embedding", "LSTM", "GRU", "nnx.Dropout"}
+              "Embedding", "LSTM", "GRU", "RNN", "nnx.Dropout"}
 
 
 def _postorder(frame):
@@ -306,7 +306,8 @@ def build_classes(plan):
 
 
 def _element_functions(plan):
-    """Functions for the parameter-free modules inside an nn.Sequential: `jax.nn.relu`, `lambda x: ...`."""
+    """Functions for the parameter-free modules inside an nn.Sequential: `jax.nn.relu`, `lambda x: ...`
+    (a class where the module's code is more than one expression)."""
     for path, kind in plan._kinds.items():
         if kind != "element" or path in plan.lambdas:
             continue
@@ -315,8 +316,7 @@ def _element_functions(plan):
             if body is None:
                 continue
             if len(body.lines) != 1 or not body.lines[0].startswith("return "):
-                plan.problems.append((f"{type(plan.modules[path]).__name__} inside nn.Sequential is not one "
-                                      "expression", path, ""))
+                plan._kinds[path] = "generated"  # more than an expression (LocalResponseNorm): a class of its own
                 break
             expr = _MARK.sub(lambda m: repr(body.slots[int(m.group(1))][0]), body.lines[0][len("return "):])
             param = body.params[0] if body.params else "x"

@@ -75,6 +75,10 @@ def _rnn(m):
             ("dropout", float(m.dropout), 0.0), ("bidirectional", m.bidirectional, False)]
 
 
+def _rnn_tanh_or_relu(m):
+    return _rnn(m)[:3] + [("nonlinearity", m.nonlinearity, "tanh")] + _rnn(m)[3:]
+
+
 def _dropout(m):
     return [("rate", float(m.p), POSITIONAL)]
 
@@ -109,6 +113,8 @@ def specs() -> dict:
                            {0: ("[0]", 0), 1: ("[1][0]", 1), 2: ("[1][1]", 1)}, "aten.lstm.input"),
         nn.GRU: LayerSpec("GRU", _rnn, frozenset({"aten.gru.input", "aten.zeros.default", "getitem"}),
                           {0: ("[0]", 0), 1: ("[1]", 1)}, "aten.gru.input"),
+        nn.RNN: LayerSpec("RNN", _rnn_tanh_or_relu, frozenset({"aten.rnn_tanh.input", "aten.zeros.default", "getitem"}),
+                          {0: ("[0]", 0), 1: ("[1]", 1)}, "aten.rnn_tanh.input"),
         nn.Dropout: LayerSpec("nnx.Dropout", _dropout, _DROPOUT_OPS),
         nn.Dropout1d: LayerSpec("nnx.Dropout", _dropout, _DROPOUT_OPS),
         nn.Dropout2d: LayerSpec("nnx.Dropout", _dropout, _DROPOUT_OPS),
@@ -126,9 +132,12 @@ def layer_spec(module, frames) -> LayerSpec | None:
     if base is None or type(module).forward is not base.forward:
         return None  # not a layer, or a subclass with a forward of its own
     spec = table[base]
+    if isinstance(module, nn.RNN) and module.nonlinearity == "relu":
+        spec = dataclasses.replace(spec, ops=frozenset({"aten.rnn_relu.input", "aten.zeros.default", "getitem"}),
+                                   core="aten.rnn_relu.input")
     if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and module.padding_mode != "zeros":
         return None
-    if isinstance(module, (nn.LSTM, nn.GRU)) and getattr(module, "proj_size", 0):
+    if isinstance(module, nn.LSTM) and getattr(module, "proj_size", 0):
         return None
     if isinstance(module, nn.Embedding) and (module.max_norm is not None or module.scale_grad_by_freq):
         return None

@@ -142,3 +142,8 @@ def upsample_linear(c, node):
 @op("aten.pixel_shuffle.default")
 def pixel_shuffle(c, node):
     return call(c.helper("pixel_shuffle"), c.x("self"), c.lit(c.raw("upscale_factor"), "upscale_factor"))
+
+
+@op("aten.channel_shuffle.default", "aten.native_channel_shuffle.default")
+def channel_shuffle(c, node):
+    return call(c.helper("channel_shuffle"), c.x("self"), c.lit(c.raw("groups"), "groups"))

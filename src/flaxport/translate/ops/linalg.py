@@ -10,6 +10,20 @@ def linear(c, node):
     return binary(c, y, "+", c.x("bias"), ADD) if c.has("bias") else y
 
 
+@op("aten.bilinear.default")
+def bilinear(c, node):
+    """nn.Bilinear: y_o = x1 W_o x2 + b_o, weight (out, in1, in2)."""
+    y = call("jnp.einsum", repr("...i,oij,...j->...o"), c.x("input1"), c.x("weight"), c.x("input2"))
+    return binary(c, y, "+", c.x("bias"), ADD) if c.has("bias") else y
+
+
+@op("aten.cosine_similarity.default")
+def cosine_similarity(c, node):
+    dim = c.raw("dim") if c.has("dim") else 1
+    eps = c.raw("eps") if c.has("eps") else 1e-8
+    return call(c.helper("cosine_similarity"), c.x("x1"), c.x("x2"), dim=repr(dim), eps=c.lit(eps, "eps"))
+
+
 @op("aten.matmul.default", "aten.mm.default", "aten.bmm.default")
 def matmul(c, node):
     return binary(c, c.x("self"), "@", c.x("other" if c.has("other") else "mat2"), MUL)

@@ -394,6 +394,20 @@ def pixel_shuffle(x, upscale_factor):
     return x.reshape(n, c // (r * r), h * r, w * r)
 
 
+def channel_shuffle(x, groups):
+    """torch's channel_shuffle: the channels of x (N, C, *S) read as (groups, C // groups), transposed."""
+    n, c = x.shape[:2]
+    return jnp.swapaxes(x.reshape(n, groups, c // groups, *x.shape[2:]), 1, 2).reshape(x.shape)
+
+
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    """torch's cosine_similarity: each side divided by its norm (at least eps), then summed over dim."""
+    x1, x2 = jnp.broadcast_arrays(x1, x2)
+    norm1 = jnp.maximum(jnp.linalg.vector_norm(x1, axis=dim, keepdims=True), eps)
+    norm2 = jnp.maximum(jnp.linalg.vector_norm(x2, axis=dim, keepdims=True), eps)
+    return jnp.sum((x1 / norm1) * (x2 / norm2), axis=dim)
+
+
 def columns_channels_last(weight, chw):
     """A Linear weight (out, C * H * W) with torch's (c, h, w) column order -> its columns in
     (h, w, c) order, for a Linear that reads a channels-last flatten of a (C, H, W) map."""

@@ -225,7 +225,7 @@ class Embedding(nnx.Module):
 
 
 class _RNNBase(nnx.Module):
-    """torch.nn.LSTM / GRU: num_layers, bidirectional, batch_first, dropout between layers.
+    """torch.nn.LSTM / GRU / RNN: num_layers, bidirectional, batch_first, dropout between layers.
 
     Parameters keep torch's names and both biases per gate (`bias_ih_l0`, `bias_hh_l0`):
     one summed bias matches the forward but not an optimizer step. Gates are stacked in
@@ -324,6 +324,30 @@ class GRU(_RNNBase):
         z = jax.nn.sigmoid(i_z + h_z)
         n = jnp.tanh(i_n + r * h_n)
         h = (1 - z) * n + z * h
+        return h, h
+
+
+class RNN(_RNNBase):
+    """torch.nn.RNN -> (output, h_n): h' = tanh(W_ih x + b_ih + W_hh h + b_hh) (or relu)."""
+
+    gates = 1
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
+                 dropout=0.0, bidirectional=False, *, rngs):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, rngs=rngs)
+        self.nonlinearity = nonlinearity
+
+    def __call__(self, x, hx=None):
+        x = jnp.swapaxes(x, 0, 1) if self.batch_first else x
+        n = self.num_layers * self.directions
+        h0 = jnp.zeros((n, x.shape[1], self.hidden_size), x.dtype) if hx is None else hx
+        y, finals = self._run(x, [h0[i] for i in range(n)])
+        y = jnp.swapaxes(y, 0, 1) if self.batch_first else y
+        return y, jnp.stack(finals)
+
+    def _cell(self, h, xt, weights):
+        gi, gh = self._project(xt, h, weights)
+        h = jnp.tanh(gi + gh) if self.nonlinearity == "tanh" else jax.nn.relu(gi + gh)
         return h, h
 
 
