@@ -49,8 +49,8 @@ def _resized(inputs, name):
         if name in ("resnet18", "mobilenet", "unet") and len(shape) == 4:
             shape[2:] = [s * 2 for s in shape[2:]]
         g = torch.Generator().manual_seed(7)
-        if x.dtype == torch.int64:
-            out.append(torch.randint(0, 40, shape, generator=g))
+        if x.dtype == torch.int64:  # ids below the example's largest: inside every embedding table
+            out.append(torch.randint(0, int(x.max()) + 1, shape, generator=g))
         else:
             out.append(torch.randn(shape, generator=g) if x.min() < 0 else torch.rand(shape, generator=g))
     return out
@@ -80,9 +80,21 @@ def test_more_shapes_of_torch_code(name):
     """Dict outputs, Conv1d/InstanceNorm/AvgPool1d, a GRU state handed to another GRU, split,
     torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values, a class token and
     nn.MultiheadAttention over patches, adaptive max-pool, argmax, weight_norm'd Conv1d, nn.RNN,
-    LocalResponseNorm and ChannelShuffle in a Sequential, nn.Bilinear, F.cosine_similarity."""
+    LocalResponseNorm and ChannelShuffle in a Sequential, nn.Bilinear, F.cosine_similarity, a conv
+    whose groups are the batch size; each also at batch 3."""
+    import jax.numpy as jnp
+
     module, inputs, t = zoo.translated(name)
     assert t.report.ok and t.report.precision == "float64", str(t.report)
+    import jax
+
+    other = _resized(inputs, name)
+    got = _outputs(t.model, *[jnp.asarray(x.numpy()) for x in other])
+    with torch.no_grad():  # leaves in JAX's order (a dict's by sorted key), as _outputs gives them
+        want = jax.tree.leaves(jax.tree.map(lambda a: a.numpy(), module.eval()(*other)))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())))
 
 
 def test_weight_norm_keeps_torchs_names_and_state_dict():
@@ -308,9 +320,13 @@ def test_layout_nhwc_keeps_image_values_channels_last_and_passes(name):
     assert "channels_last=True" in t.source
     src = t.source[t.source.index(f"class {t.class_names[0]}("):]
     assert src.count(".transpose(0, 2, 3, 1)") <= 2 and src.count(".transpose(0, 3, 1, 2)") <= 2
+    import jax
+
     other = _resized(inputs, name)
     got = _outputs(t.model, *[jnp.asarray(x.numpy()) for x in other])
-    want = _torch_outputs(module.eval(), *other)
+    with torch.no_grad():  # leaves in JAX's order (a dict's by sorted key), as _outputs gives them
+        want = jax.tree.leaves(jax.tree.map(lambda a: a.numpy(), module.eval()(*other)))
+    assert len(got) == len(want)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())))
 

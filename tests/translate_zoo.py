@@ -380,6 +380,23 @@ class Classic(nn.Module):
         return self.pair(f, f) + F.cosine_similarity(f[:, None], self.prototypes[None], dim=-1)
 
 
+class Modulated(nn.Module):
+    """StyleGAN2's modulated convolution: per-sample weights from a style, demodulated, run as one
+    grouped conv whose group count is the batch size (a size from the graph, not a constant)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 4, 3, 3))
+        self.style = nn.Linear(5, 4)
+
+    def forward(self, x, w):
+        b, c, h, wd = x.shape
+        weight = self.weight[None] * self.style(w)[:, None, :, None, None]
+        weight = weight * torch.rsqrt(weight.pow(2).sum([2, 3, 4]) + 1e-8)[:, :, None, None, None]
+        out = F.conv2d(x.reshape(1, b * c, h, wd), weight.reshape(b * 8, c, 3, 3), padding=1, groups=b)
+        return out.view(b, 8, h, wd)
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -423,6 +440,8 @@ def make(name, seed=0):
         return ElmanRNN().eval(), (torch.randint(0, 20, (2, 7), generator=g),)
     if name == "classic":
         return Classic().eval(), (torch.randn(2, 3, 8, 8, generator=g),)
+    if name == "modulated":
+        return Modulated().eval(), (torch.randn(2, 4, 8, 8, generator=g), torch.randn(2, 5, generator=g))
     if name == "tcn":
         return randomize_batchnorm(TCN()).eval(), (torch.randn(2, 2, 20, generator=g),)
     if name == "patches":
@@ -477,7 +496,7 @@ def _hf(name, g):
 
 
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
-MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic")
+MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
 

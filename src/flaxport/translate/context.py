@@ -97,6 +97,10 @@ class OpContext:
         return d
 
     def lit(self, value, hint=None) -> Expr:
+        if hasattr(value, "op"):  # a size the graph computes (conv groups=batch): read from the arrays
+            return self.body.value(value)
+        if hasattr(getattr(value, "node", None), "expr"):  # a SymInt
+            return self.body.sym_expr(value)
         if isinstance(value, float) and not math.isfinite(value):
             return Expr("jnp.inf" if value > 0 else ("-jnp.inf" if value < 0 else "jnp.nan"),
                         ATOM if value > 0 or value != value else UNARY)
