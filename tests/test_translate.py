@@ -81,7 +81,8 @@ def test_more_shapes_of_torch_code(name):
     torch.where, reflect padding, PixelShuffle, Dropout2d, max(...).values, a class token and
     nn.MultiheadAttention over patches, adaptive max-pool, argmax, weight_norm'd Conv1d, nn.RNN,
     LocalResponseNorm and ChannelShuffle in a Sequential, nn.Bilinear, F.cosine_similarity, a conv
-    whose groups are the batch size; each also at batch 3."""
+    whose groups are the batch size, LSTMCell/GRUCell/RNNCell in an unrolled loop, a spatial
+    transformer (affine_grid, grid_sample); each also at batch 3."""
     import jax.numpy as jnp
 
     module, inputs, t = zoo.translated(name)
@@ -95,6 +96,19 @@ def test_more_shapes_of_torch_code(name):
     assert len(got) == len(want)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())))
+
+
+def test_spatial_transformer_trains_like_torch():
+    """Gradients through grid_sample and affine_grid (to the image and to theta): three SGD steps
+    against torch's, float32."""
+    from flaxport.port import check_step
+
+    module, (x,), t = zoo.translated("stn")
+    target = torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
+    report = check_step(module, torch.optim.SGD(module.parameters(), lr=0.1), torch.nn.functional.mse_loss, t,
+                        (x, target), steps=3)
+    assert report.ok, str(report)
+    assert {r.phase for r in report.rows} >= {"loss", "grad", "param"}
 
 
 def test_weight_norm_keeps_torchs_names_and_state_dict():

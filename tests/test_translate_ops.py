@@ -132,6 +132,11 @@ CASES = [
     ("sort", aten.sort.default, (r(3, 7), 1, True), {}),
     # products
     ("linear", aten.linear.default, (r(2, 5, 3), r(4, 3), r(4)), {}),
+    ("lstm_cell", aten.lstm_cell.default, (r(3, 5), [r(3, 4), r(3, 4)], r(16, 5), r(16, 4), r(16), r(16)), {}),
+    ("lstm_cell_no_bias", aten.lstm_cell.default, (r(3, 5), [r(3, 4), r(3, 4)], r(16, 5), r(16, 4)), {}),
+    ("gru_cell", aten.gru_cell.default, (r(3, 5), r(3, 4), r(12, 5), r(12, 4), r(12), r(12)), {}),
+    ("rnn_tanh_cell", aten.rnn_tanh_cell.default, (r(3, 5), r(3, 4), r(4, 5), r(4, 4), r(4), r(4)), {}),
+    ("rnn_relu_cell", aten.rnn_relu_cell.default, (r(3, 5), r(3, 4), r(4, 5), r(4, 4)), {}),
     ("bilinear", aten.bilinear.default, (r(2, 5, 3), r(2, 5, 4), r(6, 3, 4), r(6)), {}),
     ("cosine_similarity", aten.cosine_similarity.default, (r(4, 6), r(1, 6)), {"dim": -1}),
     ("cosine_similarity_eps", aten.cosine_similarity.default, (r(3, 5, 2) * 1e-3, r(3, 5, 2)), {"eps": 0.01}),
@@ -173,6 +178,13 @@ CASES = [
     ("upsample_linear1d", aten.upsample_linear1d.vec, (r(1, 2, 6), [11], False, None), {}),
     ("pixel_shuffle", aten.pixel_shuffle.default, (r(1, 8, 3, 3), 2), {}),
     ("channel_shuffle", aten.channel_shuffle.default, (r(2, 6, 3, 2), 3), {}),
+    ("affine_grid", aten.affine_grid_generator.default, (r(2, 2, 3), [2, 3, 4, 5], False), {}),
+    ("affine_grid_corners", aten.affine_grid_generator.default, (r(2, 2, 3), [2, 3, 1, 5], True), {}),
+    # grid points inside, on the border and outside the image (zeros padding reads 0 there)
+    ("grid_sample", aten.grid_sampler.default, (r(2, 3, 4, 5), r(2, 6, 7, 2) * 1.3, 0, 0, False), {}),
+    ("grid_sample_corners_border", aten.grid_sampler.default, (r(2, 3, 4, 5), r(2, 6, 7, 2) * 1.3, 0, 1, True), {}),
+    ("grid_sample_nearest", aten.grid_sampler.default, (r(2, 3, 4, 5), r(2, 6, 7, 2) * 1.3, 1, 0, False), {}),
+    ("grid_sampler_2d", aten.grid_sampler_2d.default, (r(1, 2, 3, 3), r(1, 4, 4, 2), 0, 0, False), {}),
     ("native_channel_shuffle", aten.native_channel_shuffle.default, (r(2, 6, 5), 2), {}),
     # normalisation and attention
     ("layer_norm", aten.layer_norm.default, (r(2, 3, 8) * 3 + 1, [8], r(8), r(8), 1e-5), {}),

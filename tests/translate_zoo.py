@@ -397,6 +397,47 @@ class Modulated(nn.Module):
         return out.view(b, 8, h, wd)
 
 
+class AttentionDecoder(nn.Module):
+    """A seq2seq decoder stepping nn.LSTMCell in a Python loop (unrolled by export) with additive
+    attention over encoder states, and an nn.GRUCell / nn.RNNCell on top."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.cell = nn.LSTMCell(16, 8)
+        self.gcell = nn.GRUCell(8, 8)
+        self.rcell = nn.RNNCell(8, 8, nonlinearity="relu")
+        self.attn = nn.Linear(16, 1)
+        self.out = nn.Linear(8, 20)
+
+    def forward(self, enc, tgt):
+        h = enc.new_zeros(enc.shape[0], 8)
+        c = enc.new_zeros(enc.shape[0], 8)
+        outs = []
+        for t in range(tgt.shape[1]):
+            weights = self.attn(torch.cat([enc, h[:, None].expand(-1, enc.shape[1], -1)], -1)).softmax(1)
+            h, c = self.cell(torch.cat([self.emb(tgt[:, t]), (weights * enc).sum(1)], -1), (h, c))
+            outs.append(self.out(self.rcell(self.gcell(h, c))))
+        return torch.stack(outs, 1)
+
+
+class SpatialTransformer(nn.Module):
+    """The PyTorch tutorial's spatial transformer: a localisation net regresses theta, then
+    F.affine_grid and F.grid_sample (bilinear, zeros padding) warp the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.localization = nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(2), nn.ReLU(True))
+        self.fc_loc = nn.Sequential(nn.Linear(4 * 3 * 3, 8), nn.ReLU(True), nn.Linear(8, 6))
+        self.fc_loc[2].weight.data.mul_(0.1)
+        self.fc_loc[2].bias.data.copy_(torch.tensor([1.0, 0, 0, 0, 1, 0]))
+
+    def forward(self, x):
+        theta = self.fc_loc(self.localization(x).view(-1, 4 * 3 * 3)).view(-1, 2, 3)
+        grid = F.affine_grid(theta, x.size(), align_corners=False)
+        return F.grid_sample(x, grid, align_corners=False)
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -442,6 +483,10 @@ def make(name, seed=0):
         return Classic().eval(), (torch.randn(2, 3, 8, 8, generator=g),)
     if name == "modulated":
         return Modulated().eval(), (torch.randn(2, 4, 8, 8, generator=g), torch.randn(2, 5, generator=g))
+    if name == "decoder":
+        return AttentionDecoder().eval(), (torch.randn(2, 5, 8, generator=g), torch.randint(1, 20, (2, 3), generator=g))
+    if name == "stn":
+        return SpatialTransformer().eval(), (torch.randn(2, 1, 8, 8, generator=g),)
     if name == "tcn":
         return randomize_batchnorm(TCN()).eval(), (torch.randn(2, 2, 20, generator=g),)
     if name == "patches":
@@ -496,7 +541,7 @@ def _hf(name, g):
 
 
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
-MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated")
+MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated", "decoder", "stn")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
 

@@ -147,3 +147,22 @@ def pixel_shuffle(c, node):
 @op("aten.channel_shuffle.default", "aten.native_channel_shuffle.default")
 def channel_shuffle(c, node):
     return call(c.helper("channel_shuffle"), c.x("self"), c.lit(c.raw("groups"), "groups"))
+
+
+@op("aten.affine_grid_generator.default")
+def affine_grid(c, node):
+    if len(c.raw("size")) != 4:
+        raise Unsupported("a 3-D affine_grid")
+    return call(c.helper("affine_grid"), c.x("theta"), c.size("size"),
+                align_corners="True" if c.raw("align_corners") else None)
+
+
+@op("aten.grid_sampler.default", "aten.grid_sampler_2d.default")
+def grid_sampler(c, node):
+    mode = {0: "bilinear", 1: "nearest"}.get(c.raw("interpolation_mode"))
+    padding = {0: "zeros", 1: "border"}.get(c.raw("padding_mode"))
+    if c.val("input").ndim != 4 or mode is None or padding is None:
+        raise Unsupported("grid_sample other than 2-D bilinear/nearest with zeros/border padding")
+    return call(c.helper("grid_sample"), c.x("input"), c.x("grid"), mode=repr(mode) if mode != "bilinear" else None,
+                padding_mode=repr(padding) if padding != "zeros" else None,
+                align_corners="True" if c.raw("align_corners") else None)

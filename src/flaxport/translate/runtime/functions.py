@@ -408,6 +408,80 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     return jnp.sum((x1 / norm1) * (x2 / norm2), axis=dim)
 
 
+def _cell_gates(x, h, w_ih, w_hh, b_ih, b_hh):
+    gi, gh = x @ w_ih.T, h @ w_hh.T
+    return (gi, gh) if b_ih is None else (gi + b_ih, gh + b_hh)
+
+
+def lstm_cell(x, state, w_ih, w_hh, b_ih=None, b_hh=None):
+    """torch's lstm_cell: x (B, I), state (h, c) each (B, H), gates stacked i, f, g, o -> (h', c')."""
+    h, c = state
+    gi, gh = _cell_gates(x, h, w_ih, w_hh, b_ih, b_hh)
+    i, f, g, o = jnp.split(gi + gh, 4, axis=-1)
+    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+
+
+def gru_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None):
+    """torch's gru_cell: x (B, I), h (B, H), gates stacked r, z, n; n = tanh(W_in x + b_in + r * (W_hn h + b_hn))."""
+    gi, gh = _cell_gates(x, h, w_ih, w_hh, b_ih, b_hh)
+    i_r, i_z, i_n = jnp.split(gi, 3, axis=-1)
+    h_r, h_z, h_n = jnp.split(gh, 3, axis=-1)
+    r, z = jax.nn.sigmoid(i_r + h_r), jax.nn.sigmoid(i_z + h_z)
+    n = jnp.tanh(i_n + r * h_n)
+    return (1 - z) * n + z * h
+
+
+def rnn_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None, nonlinearity="tanh"):
+    """torch's rnn_tanh_cell / rnn_relu_cell: x (B, I), h (B, H) -> h'."""
+    gi, gh = _cell_gates(x, h, w_ih, w_hh, b_ih, b_hh)
+    return jnp.tanh(gi + gh) if nonlinearity == "tanh" else jax.nn.relu(gi + gh)
+
+
+def affine_grid(theta, size, align_corners=False):
+    """torch's affine_grid (2-D): theta (N, 2, 3), size (N, C, H, W) -> grid (N, H, W, 2), (x, y) in [-1, 1]."""
+
+    def ramp(n):  # torch's base coordinates: pixel centres (align_corners=False) or corners
+        if n <= 1:
+            return jnp.zeros((n,), theta.dtype)
+        points = jnp.linspace(-1.0, 1.0, n, dtype=theta.dtype)
+        return points if align_corners else points * (n - 1) / n
+
+    h, w = size[2], size[3]
+    xs, ys = jnp.broadcast_to(ramp(w)[None, :], (h, w)), jnp.broadcast_to(ramp(h)[:, None], (h, w))
+    base = jnp.stack([xs, ys, jnp.ones_like(xs)], axis=-1)
+    return jnp.einsum("hwk,njk->nhwj", base, theta)
+
+
+def grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False):
+    """torch's grid_sample (2-D): x (N, C, H, W), grid (N, Ho, Wo, 2) of (x, y) in [-1, 1] -> (N, C, Ho, Wo).
+
+    mode 'bilinear' or 'nearest' (half to even, as torch's nearbyint); padding_mode 'zeros' or 'border'.
+    """
+    h, w = x.shape[2], x.shape[3]
+
+    def pixels(coord, size):
+        return (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+
+    ix, iy = pixels(grid[..., 0], w), pixels(grid[..., 1], h)
+    if padding_mode == "border":
+        ix, iy = jnp.clip(ix, 0, w - 1), jnp.clip(iy, 0, h - 1)
+
+    def tap(yy, xx):
+        """x at integer pixels (yy, xx), each (N, Ho, Wo) -> (N, C, Ho, Wo); zero outside the image."""
+        inside = (xx >= 0) & (xx <= w - 1) & (yy >= 0) & (yy <= h - 1)
+        rows, cols = jnp.clip(yy, 0, h - 1).astype(jnp.int32), jnp.clip(xx, 0, w - 1).astype(jnp.int32)
+        values = jax.vmap(lambda image, r, c: image[:, r, c])(x, rows, cols)
+        return jnp.where(inside[:, None], values, 0)
+
+    if mode == "nearest":
+        return tap(jnp.round(iy), jnp.round(ix))
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    wx, wy = (ix - x0)[:, None], (iy - y0)[:, None]
+    return (tap(y0, x0) * (1 - wx) * (1 - wy) + tap(y0, x0 + 1) * wx * (1 - wy)
+            + tap(y0 + 1, x0) * (1 - wx) * wy + tap(y0 + 1, x0 + 1) * wx * wy)
+
+
 def columns_channels_last(weight, chw):
     """A Linear weight (out, C * H * W) with torch's (c, h, w) column order -> its columns in
     (h, w, c) order, for a Linear that reads a channels-last flatten of a (C, H, W) map."""
