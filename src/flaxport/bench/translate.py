@@ -34,7 +34,7 @@ TRANSLATIONS = (("translated (nchw)", "nchw", "xla"), ("translated (nhwc)", "nhw
 
 def _args(argv):
     p = argparse.ArgumentParser(prog="python -m flaxport.bench.translate", description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=15, help="interleaved timed rounds (default 15)")
+    p.add_argument("--rounds", type=int, default=30, help="interleaved timed rounds (default 30)")
     p.add_argument("--calls", type=int, default=10, help="forward calls per round (default 10)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default: the cnn config's, 32)")
     p.add_argument("--train", action="store_true", help="time one train step (forward, backward, Adam) instead")
