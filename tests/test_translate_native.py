@@ -128,3 +128,20 @@ def test_a_kernel_that_computes_something_else_fails_the_proof(monkeypatch):
     report = translate(module, x, conv="native").report
     assert not report.ok and report.first_divergence.torch_name == "conv1", str(report)
     assert "on flaxport's kernels" in report.first_divergence.note
+
+
+def test_the_translate_benchmark_times_every_model_and_they_agree(tmp_path):
+    """`python -m flaxport.bench.translate` (make bench): the four translations and the two hand-written
+    CNNs, each timed, all computing the same log-probabilities."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "translate.json"
+    subprocess.run([sys.executable, "-m", "flaxport.bench.translate", "--rounds", "1", "--calls", "1", "--json",
+                    str(out)], check=True, capture_output=True, timeout=600)
+    figures = json.loads(out.read_text())
+    names = {"translated (nchw)", "translated (nhwc)", "translated (nchw, --conv native)",
+             "translated (nhwc, --conv native)", "hand-written (native conv)", "hand-written (xla conv)"}
+    assert set(figures["median_ms"]) == names and all(ms > 0 for ms in figures["median_ms"].values())
+    assert max(figures["max_abs_output_difference"].values()) < 1e-5
