@@ -49,7 +49,9 @@ def _resized(inputs, name):
         if name in ("resnet18", "mobilenet", "unet") and len(shape) == 4:
             shape[2:] = [s * 2 for s in shape[2:]]
         g = torch.Generator().manual_seed(7)
-        if x.dtype == torch.int64:  # ids below the example's largest: inside every embedding table
+        if x.dtype == torch.bool:
+            out.append(torch.rand(shape, generator=g) > 0.3)
+        elif x.dtype == torch.int64:  # ids below the example's largest: inside every embedding table
             out.append(torch.randint(0, int(x.max()) + 1, shape, generator=g))
         else:
             out.append(torch.randn(shape, generator=g) if x.min() < 0 else torch.rand(shape, generator=g))
@@ -82,7 +84,8 @@ def test_more_shapes_of_torch_code(name):
     nn.MultiheadAttention over patches, adaptive max-pool, argmax, weight_norm'd Conv1d, nn.RNN,
     LocalResponseNorm and ChannelShuffle in a Sequential, nn.Bilinear, F.cosine_similarity, a conv
     whose groups are the batch size, LSTMCell/GRUCell/RNNCell in an unrolled loop, a spatial
-    transformer (affine_grid, grid_sample); each also at batch 3."""
+    transformer (affine_grid, grid_sample), an OrderedDict Sequential called twice with a ModuleDict
+    head and a namedtuple out; each also at batch 3."""
     import jax.numpy as jnp
 
     module, inputs, t = zoo.translated(name)

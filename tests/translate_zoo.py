@@ -12,6 +12,7 @@ Small widths and resolutions so a translation and its float64 proof take seconds
   unet           GroupNorm, SiLU, nearest and bilinear F.interpolate, ConvTranspose2d,
                  torch.cat skips                                                        (2, 3, 16, 16)
 """
+import collections
 import functools
 import math
 import subprocess
@@ -438,6 +439,26 @@ class SpatialTransformer(nn.Module):
         return F.grid_sample(x, grid, align_corners=False)
 
 
+class Shared(nn.Module):
+    """One nn.Sequential (children named by an OrderedDict) called twice, an nn.ModuleDict head
+    picked by a keyword argument, an optional mask, a buffer counting calls, a namedtuple out."""
+
+    Out = collections.namedtuple("Out", ["logits", "features"])
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(collections.OrderedDict([("fc", nn.Linear(6, 6)), ("act", nn.Tanh())]))
+        self.heads = nn.ModuleDict({"a": nn.Linear(6, 2), "b": nn.Linear(6, 3)})
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x, mask=None, *, which="b"):
+        h = self.body(self.body(x))
+        if mask is not None:
+            h = h.masked_fill(~mask, 0.0)
+        self.calls += 1
+        return self.Out(self.heads[which](h), h.detach())
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -487,6 +508,8 @@ def make(name, seed=0):
         return AttentionDecoder().eval(), (torch.randn(2, 5, 8, generator=g), torch.randint(1, 20, (2, 3), generator=g))
     if name == "stn":
         return SpatialTransformer().eval(), (torch.randn(2, 1, 8, 8, generator=g),)
+    if name == "shared":
+        return Shared().eval(), (torch.randn(3, 6, generator=g), torch.rand(3, 6, generator=g) > 0.3)
     if name == "tcn":
         return randomize_batchnorm(TCN()).eval(), (torch.randn(2, 2, 20, generator=g),)
     if name == "patches":
@@ -541,7 +564,7 @@ def _hf(name, g):
 
 
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
-MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated", "decoder", "stn")
+MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated", "decoder", "stn", "shared")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
 

@@ -434,7 +434,7 @@ class Plan:
             kind = self._kinds.get(cur)
             parent = self.modules[cur]
             if kind == "sequential":
-                text += f".layers[{part}]"
+                text += f".layers[{_position(parent, part)}]"
             elif kind == "container":
                 from torch import nn
 
@@ -457,7 +457,7 @@ class Plan:
         for part in torch_path.split(".") if torch_path else []:
             kind = self._kinds.get(cur)
             if kind == "sequential":
-                out += ["layers", int(part)]
+                out += ["layers", _position(self.modules[cur], part)]
             elif kind == "container":
                 out.append(int(part) if part.isdigit() else part)
             else:
@@ -559,3 +559,9 @@ def _own_forward(module) -> bool:
     from torch import nn
 
     return type(module).forward not in (nn.Module.forward, nn.ModuleList.forward, nn.ModuleDict.forward)
+
+
+def _position(sequential, name: str) -> int:
+    """Where child `name` sits in an nn.Sequential (its nnx.Sequential's layers index): names
+    from an OrderedDict ('fc', 'act') as well as '0', '1', ..."""
+    return list(sequential._modules).index(name)
