@@ -85,7 +85,7 @@ def test_more_shapes_of_torch_code(name):
     LocalResponseNorm and ChannelShuffle in a Sequential, nn.Bilinear, F.cosine_similarity, a conv
     whose groups are the batch size, LSTMCell/GRUCell/RNNCell in an unrolled loop, a spatial
     transformer (affine_grid, grid_sample), an OrderedDict Sequential called twice with a ModuleDict
-    head and a namedtuple out; each also at batch 3."""
+    head and a namedtuple out, F.unfold/F.fold; each also at batch 3."""
     import jax.numpy as jnp
 
     module, inputs, t = zoo.translated(name)

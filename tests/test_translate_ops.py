@@ -184,6 +184,10 @@ CASES = [
     ("grid_sample", aten.grid_sampler.default, (r(2, 3, 4, 5), r(2, 6, 7, 2) * 1.3, 0, 0, False), {}),
     ("grid_sample_corners_border", aten.grid_sampler.default, (r(2, 3, 4, 5), r(2, 6, 7, 2) * 1.3, 0, 1, True), {}),
     ("grid_sample_nearest", aten.grid_sampler.default, (r(2, 3, 4, 5), r(2, 6, 7, 2) * 1.3, 1, 0, False), {}),
+    ("im2col", aten.im2col.default, (r(2, 3, 5, 6), [2, 3], [1, 1], [1, 1], [2, 1]), {}),
+    ("im2col_dilated", aten.im2col.default, (r(1, 2, 7, 7), [3, 3], [2, 2], [0, 0], [1, 1]), {}),
+    # overlapping windows: col2im sums them
+    ("col2im", aten.col2im.default, (r(2, 18, 18), [5, 6], [2, 3], [1, 1], [1, 1], [2, 1]), {}),
     ("grid_sampler_2d", aten.grid_sampler_2d.default, (r(1, 2, 3, 3), r(1, 4, 4, 2), 0, 0, False), {}),
     ("native_channel_shuffle", aten.native_channel_shuffle.default, (r(2, 6, 5), 2), {}),
     # normalisation and attention

@@ -459,6 +459,21 @@ class Shared(nn.Module):
         return self.Out(self.heads[which](h), h.detach())
 
 
+class Involution(nn.Module):
+    """Per-pixel weights over 3x3 neighbourhoods gathered by F.unfold, and an F.unfold/F.fold round trip."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernel = nn.Conv2d(4, 9, 1)
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        neighbours = F.unfold(x, 3, padding=1).view(n, c, 9, h * w)
+        weights = self.kernel(x).view(n, 1, 9, h * w).softmax(2)
+        out = (neighbours * weights).sum(2).view(n, c, h, w)
+        return F.fold(F.unfold(out, 2, stride=2) * 2, (h, w), 2, stride=2)
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -510,6 +525,8 @@ def make(name, seed=0):
         return SpatialTransformer().eval(), (torch.randn(2, 1, 8, 8, generator=g),)
     if name == "shared":
         return Shared().eval(), (torch.randn(3, 6, generator=g), torch.rand(3, 6, generator=g) > 0.3)
+    if name == "involution":
+        return Involution().eval(), (torch.randn(2, 4, 6, 8, generator=g),)
     if name == "tcn":
         return randomize_batchnorm(TCN()).eval(), (torch.randn(2, 2, 20, generator=g),)
     if name == "patches":
@@ -564,7 +581,7 @@ def _hf(name, g):
 
 
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
-MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated", "decoder", "stn", "shared")
+MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated", "decoder", "stn", "shared", "involution")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
 

@@ -166,3 +166,21 @@ def grid_sampler(c, node):
     return call(c.helper("grid_sample"), c.x("input"), c.x("grid"), mode=repr(mode) if mode != "bilinear" else None,
                 padding_mode=repr(padding) if padding != "zeros" else None,
                 align_corners="True" if c.raw("align_corners") else None)
+
+
+@op("aten.im2col.default")
+def im2col(c, node):
+    if c.val("self").ndim != 4:
+        raise Unsupported("F.unfold of an unbatched input")
+    return call(c.helper("unfold"), c.x("self"), c.ints(c.raw("kernel_size"), "kernel_size"),
+                c.ints(c.raw("dilation"), "dilation"), c.ints(c.raw("padding"), "padding"),
+                c.ints(c.raw("stride"), "stride"))
+
+
+@op("aten.col2im.default")
+def col2im(c, node):
+    if c.val("self").ndim != 3:
+        raise Unsupported("F.fold of an unbatched input")
+    return call(c.helper("fold"), c.x("self"), c.size("output_size"), c.ints(c.raw("kernel_size"), "kernel_size"),
+                c.ints(c.raw("dilation"), "dilation"), c.ints(c.raw("padding"), "padding"),
+                c.ints(c.raw("stride"), "stride"))

@@ -438,6 +438,23 @@ def rnn_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None, nonlinearity="tanh"):
     return jnp.tanh(gi + gh) if nonlinearity == "tanh" else jax.nn.relu(gi + gh)
 
 
+def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
+    """torch's F.unfold (im2col): x (N, C, H, W) -> (N, C * kh * kw, L), rows ordered (c, i, j), L row-major."""
+    kernel_size, dilation, padding, stride = (_tuple(v, 2) for v in (kernel_size, dilation, padding, stride))
+    patches = lax.conv_general_dilated_patches(x, kernel_size, stride, [(p, p) for p in padding],
+                                               rhs_dilation=dilation, dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                               precision=lax.Precision.HIGHEST)  # copies, exactly
+    return patches.reshape(x.shape[0], patches.shape[1], -1)
+
+
+def fold(columns, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    """torch's F.fold (col2im): columns (N, C * kh * kw, L) -> (N, C, H, W), overlaps summed: unfold's transpose."""
+    kh, kw = _tuple(kernel_size, 2)
+    image = jax.ShapeDtypeStruct((columns.shape[0], columns.shape[1] // (kh * kw), *output_size), columns.dtype)
+    (x,) = jax.linear_transpose(lambda im: unfold(im, kernel_size, dilation, padding, stride), image)(columns)
+    return x
+
+
 def affine_grid(theta, size, align_corners=False):
     """torch's affine_grid (2-D): theta (N, 2, 3), size (N, C, H, W) -> grid (N, H, W, 2), (x, y) in [-1, 1]."""
 
