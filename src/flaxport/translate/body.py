@@ -111,16 +111,19 @@ class BodyRenderer:
         self._split_iterations(units)
         return units, inside_call
 
-    @staticmethod
-    def _split_iterations(units):
+    def _split_iterations(self, units):
         """A statement run again by a loop (`for layer in self.layers: x = layer(x)`) makes more
-        module calls than it has call expressions: each run becomes a statement of its own."""
+        module calls than it has call expressions: each run becomes a statement of its own. Not
+        a statement outside a loop calling a method of its own (`mu, logvar = self.encode(x)`):
+        the method's module calls are one run."""
+        children = {name for name, _ in self.frame.module.named_children()}
         calls: dict = {}
         current: dict = {}
         for u in units:
             if u.key is None:
                 continue
-            if u.kind == "call":
+            helper = u.stmt is not None and any(a not in children for a in u.stmt.self_calls)
+            if u.kind == "call" and (u.stmt is None or u.stmt.loops or not helper):
                 k = calls.get(u.key, 0)
                 calls[u.key] = k + 1
                 current[u.key] = k // u.stmt.calls if u.stmt else 0

@@ -25,6 +25,8 @@ class Statement:
     is_return: bool
     text: str  # the statement's first line, stripped
     calls: int = 1  # function calls written in it (a loop running it again calls more)
+    loops: bool = False  # inside a for/while loop, or holding a comprehension: it may run again
+    self_calls: tuple = ()  # attributes of self it calls (`self.encode(x)`: ('encode',))
 
 
 def frames(node) -> list:
@@ -110,8 +112,14 @@ def _statement_at(file: str, line: int) -> Statement | None:
     elif isinstance(best, (ast.AugAssign, ast.AnnAssign)):
         targets = _names(best.target)
     text = linecache.getline(file, best.lineno).strip()
-    calls = sum(isinstance(n, ast.Call) for n in ast.walk(best))
-    return Statement((file, best.lineno, best.col_offset), targets, isinstance(best, ast.Return), text, max(calls, 1))
+    calls = [n for n in ast.walk(best) if isinstance(n, ast.Call)]
+    loops = any(isinstance(n, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)) for n in ast.walk(best)) or \
+        any(isinstance(n, (ast.For, ast.AsyncFor, ast.While)) and n.body[0].lineno <= best.lineno <= (n.end_lineno or 0)
+            for n in ast.walk(tree))
+    self_calls = tuple(c.func.attr for c in calls if isinstance(c.func, ast.Attribute)
+                       and isinstance(c.func.value, ast.Name) and c.func.value.id == "self")
+    return Statement((file, best.lineno, best.col_offset), targets, isinstance(best, ast.Return), text,
+                     max(len(calls), 1), loops, self_calls)
 
 
 _COMPOUND = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
