@@ -1,4 +1,5 @@
 """The op table, op by op, against torch's own kernels (flaxport.translate.optest.run_op)."""
+import jax
 import numpy as np
 import pytest
 
@@ -359,8 +360,33 @@ CASES += [
 BY_MODELS = {"aten.empty", "aten.empty_like", "aten.new_empty",  # torch leaves the values undefined: zeros here
              "aten.dropout", "aten.feature_dropout", "aten.alpha_dropout", "aten.feature_alpha_dropout",
              "getitem", "<built-in function getitem>", "aten.log_sigmoid_forward"}
-RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "normal", "uniform",
-          "multinomial", "randperm", "exponential", "poisson"}
+# Random draws: (id, op, args, kwargs) as above. Given torch's draw (replayed) the translation must
+# compute torch's values; drawing on its own, values of torch's distribution.
+N = (300, 60)
+RANDOM_CASES = [
+    ("randn", aten.randn.default, (list(N),), {}),
+    ("randn_like", aten.randn_like.default, (r(*N),), {}),
+    ("randn_like_float64", aten.randn_like.default, (r(*N),), {"dtype": torch.float64}),
+    ("rand", aten.rand.default, (list(N),), {}),
+    ("rand_like", aten.rand_like.default, (r(*N),), {}),
+    ("uniform", aten.uniform.default, (r(*N), -2.0, 3.0), {}),
+    ("normal_functional", aten.normal_functional.default, (r(*N), 1.5, 2.0), {}),
+    ("normal_tensor_float", aten.normal.Tensor_float, (r(*N), 0.5), {}),
+    ("normal_float_tensor", aten.normal.float_Tensor, (1.0, pos(*N)), {}),
+    ("normal_tensor_tensor", aten.normal.Tensor_Tensor, (r(*N), pos(N[1])), {}),
+    ("normal_float_float", aten.normal.float_float, (1.0, 3.0, list(N)), {}),
+    ("bernoulli", aten.bernoulli.default, (pos(*N) - 0.5,), {}),
+    ("bernoulli_p", aten.bernoulli.p, (r(*N), 0.3), {}),
+    ("bernoulli_tensor", aten.bernoulli.Tensor, (r(*N), pos(*N) - 0.5), {}),
+    ("randint", aten.randint.default, (7, list(N)), {}),
+    ("randint_low", aten.randint.low, (-3, 4, list(N)), {}),
+    ("randint_int32", aten.randint.low, (0, 9, list(N)), {"dtype": torch.int32}),
+    ("randint_like", aten.randint_like.default, (ri(5, *N), 6), {}),
+    ("randint_like_low", aten.randint_like.low_dtype, (ri(5, *N), 2, 6), {}),
+    ("exponential", aten.exponential.default, (r(*N), 2.5), {}),
+    ("poisson", aten.poisson.default, (3 * pos(*N),), {}),
+]
+REFUSED = {"aten.multinomial", "aten.randperm"}  # test_sampling_without_a_translation_says_what_to_do
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -386,19 +412,54 @@ def test_every_op_in_the_table_has_a_case():
     from flaxport.translate import ops
 
     ops._load()
-    tested = {str(c[1]).rsplit(".", 1)[0] for c in CASES} | {str(c[1]) for c in CASES}
+    cases = CASES + RANDOM_CASES
+    tested = {str(c[1]).rsplit(".", 1)[0] for c in cases} | {str(c[1]) for c in cases} | REFUSED
     untested = sorted({k for k in ops.OPS if k not in tested and k.rsplit(".", 1)[0] not in tested
-                       and k not in BY_MODELS and k.rsplit(".", 1)[0] not in BY_MODELS
-                       and k.split(".")[-1] not in RANDOM})
+                       and k not in BY_MODELS and k.rsplit(".", 1)[0] not in BY_MODELS})
     assert not untested, untested
 
 
-def test_random_ops_say_how_to_pass_the_noise_in():
+@pytest.mark.parametrize("case", RANDOM_CASES, ids=[c[0] for c in RANDOM_CASES])
+def test_random_op_given_torchs_draw_computes_torchs_values(case):
+    from flaxport.translate.optest import run_op
+
+    _, target, args, kwargs = case
+    with jax.enable_x64(True):  # int64 and float64 draws as torch's
+        (got,), (expected,), code = run_op(target, *args, replay=True, **kwargs)
+    assert "self.noise()" in code, code
+    assert got.shape == expected.shape and got.dtype == expected.dtype, (code, got.dtype, expected.dtype)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6, err_msg=code)
+
+
+@pytest.mark.parametrize("case", RANDOM_CASES, ids=[c[0] for c in RANDOM_CASES])
+def test_random_op_draws_from_torchs_distribution(case):
+    """Its own draws (18,000 values): mean, spread and deciles within a few standard errors of torch's."""
+    from flaxport.translate.optest import run_op
+
+    _, target, args, kwargs = case
+    with jax.enable_x64(True):
+        (got,), (expected,), code = run_op(target, *args, **kwargs)
+    assert got.shape == expected.shape and got.dtype == expected.dtype, code
+    assert not np.array_equal(got, expected), code
+    got, expected = got.astype(np.float64), expected.astype(np.float64)
+    if expected.min() >= 0 and expected.max() <= 1 and np.array_equal(expected, expected.round()):
+        assert 0 < got.mean() < 1, code  # 0/1 draws: both values occur
+    scale = expected.std() + 1e-3
+    assert abs(got.mean() - expected.mean()) < 0.05 * scale, (code, got.mean(), expected.mean())
+    assert abs(got.std() - expected.std()) < 0.05 * scale, (code, got.std(), expected.std())
+    step = 1.0 if np.array_equal(expected, expected.round()) else 0.0  # integer deciles may fall one apart
+    for q in (0.1, 0.5, 0.9):
+        assert abs(np.quantile(got, q) - np.quantile(expected, q)) <= 0.05 * scale + step, (code, q)
+
+
+@pytest.mark.parametrize("target,args", [(aten.multinomial.default, (pos(3, 4), 2)),
+                                         (aten.randperm.default, (5,))])
+def test_sampling_without_a_translation_says_what_to_do(target, args):
     from flaxport.translate.ops import Unsupported
     from flaxport.translate.optest import run_op
 
-    with pytest.raises(Unsupported, match="pass them in as an input"):
-        run_op(aten.randn_like.default, r(3))
+    with pytest.raises(Unsupported, match="outside forward and pass"):
+        run_op(target, *args)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])

@@ -474,6 +474,71 @@ class Involution(nn.Module):
         return F.fold(F.unfold(out, 2, stride=2) * 2, (h, w), 2, stride=2)
 
 
+class SamplingVAE(nn.Module):
+    """pytorch/examples' VAE: the reparameterisation trick draws torch.randn_like(std) in forward."""
+
+    def __init__(self, pixels=64, hidden=32, latent=8):
+        super().__init__()
+        self.pixels = pixels
+        self.fc1, self.fc21, self.fc22 = nn.Linear(pixels, hidden), nn.Linear(hidden, latent), nn.Linear(hidden, latent)
+        self.fc3, self.fc4 = nn.Linear(latent, hidden), nn.Linear(hidden, pixels)
+
+    def encode(self, x):
+        h1 = F.relu(self.fc1(x))
+        return self.fc21(h1), self.fc22(h1)
+
+    def reparameterize(self, mu, logvar):
+        std = torch.exp(0.5 * logvar)
+        eps = torch.randn_like(std)
+        return mu + eps * std
+
+    def decode(self, z):
+        return torch.sigmoid(self.fc4(F.relu(self.fc3(z))))
+
+    def forward(self, x):
+        mu, logvar = self.encode(x.view(-1, self.pixels))
+        z = self.reparameterize(mu, logvar)
+        return self.decode(z), mu, logvar
+
+
+class NoisyBlock(nn.Module):
+    """Stochastic depth: a whole residual branch dropped per sample (torch.rand < p), in training only."""
+
+    def __init__(self, channels, survival=0.8):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.survival = survival
+
+    def forward(self, x):
+        h = F.relu(self.conv(x))
+        if self.training:
+            keep = torch.rand(x.shape[0], 1, 1, 1) < self.survival
+            h = h * keep / self.survival
+        return x + h
+
+
+class NoisyNet(nn.Module):
+    """Noise drawn in forward every way torch offers: Gaussian input noise (torch.randn(shape)),
+    an empty_like(...).uniform_ jitter, normal_ with a mean and std, a bernoulli mask from
+    probabilities, per-sample exponential scales and a randint index into a table."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.block = NoisyBlock(4)
+        self.gate = nn.Conv2d(4, 4, 1)
+        self.table = nn.Parameter(torch.randn(5, 4))
+
+    def forward(self, x):
+        x = x + 0.1 * torch.randn(x.shape)
+        h = self.block(self.stem(x))
+        h = h + torch.empty_like(h).uniform_(-0.05, 0.05) + torch.empty_like(h).normal_(0.5, 0.1)
+        h = h * torch.bernoulli(torch.sigmoid(self.gate(h)))
+        h = h * torch.empty(h.shape[0], 1, 1, 1).exponential_(2.0)
+        pick = torch.randint(0, 5, (h.shape[0],))
+        return h.mean((2, 3)) + self.table[pick], pick
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -525,6 +590,10 @@ def make(name, seed=0):
         return SpatialTransformer().eval(), (torch.randn(2, 1, 8, 8, generator=g),)
     if name == "shared":
         return Shared().eval(), (torch.randn(3, 6, generator=g), torch.rand(3, 6, generator=g) > 0.3)
+    if name == "sampling_vae":
+        return SamplingVAE().eval(), (torch.rand(2, 1, 8, 8, generator=g),)
+    if name == "noisy":
+        return NoisyNet().eval(), (torch.randn(2, 3, 6, 6, generator=g),)
     if name == "involution":
         return Involution().eval(), (torch.randn(2, 4, 6, 8, generator=g),)
     if name == "tcn":
@@ -584,6 +653,7 @@ NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
 MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated", "decoder", "stn", "shared", "involution")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
+SAMPLING = ("sampling_vae", "noisy")  # forwards that draw random numbers
 
 
 @functools.lru_cache(maxsize=None)

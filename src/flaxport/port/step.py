@@ -144,7 +144,7 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
     import jax
     import torch
 
-    from flaxport.port import losses, noise
+    from flaxport.port import draws, losses, noise
     from flaxport.port.dropout import DropoutLog, describe, silence_recurrent_dropout, torch_dropout
     from flaxport.port.optim import optax_from_torch, optax_state_from_torch, optimizer_name, torch_moments
     from flaxport.port.step_sides import linen_side, nnx_side
@@ -190,10 +190,10 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
         params, rest = side.params, side.rest
         xs_j, ys_j = side.inputs(inputs), losses.as_jax_targets(targets)
         for s in range(1, steps + 1):
-            log = DropoutLog()
+            log, drawn = DropoutLog(), draws.Draws()
             opt.zero_grad(set_to_none=True)
             with _TorchPrecision(), torch.random.fork_rng():
-                with torch_dropout(dropout, rng, log):
+                with torch_dropout(dropout, rng, log), draws.torch_recording(drawn):
                     out = tm(*xs_t, **(torch_kwargs or {}))
                 t_loss = loss_fn(out, t_targets)
                 t_loss.backward()
@@ -206,8 +206,10 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
                     sched.step()
             counts.append(len(log.masks))
             with jax.default_matmul_precision("highest"):
-                f_loss, f_grads, params, rest, opt_state = step_fn(params, rest, opt_state, xs_j, ys_j,
-                                                                   [m for m, _, _ in log.masks], side.rngs)
+                # torch's dropout masks and random draws (randn_like, ...) replace the JAX side's
+                replayed = {"dropout": [m for m, _, _ in log.masks], "draws": drawn.standard}
+                f_loss, f_grads, params, rest, opt_state = step_fn(params, rest, opt_state, xs_j, ys_j, replayed,
+                                                                   side.rngs)
             flax_dtype = flax_dtype or str(np.asarray(f_loss).dtype)
             rows.append(Row("loss", "loss", "loss", (), *compare(t_loss.detach().cpu().numpy(), np.asarray(f_loss),
                                                                   atol, rtol), step=s))

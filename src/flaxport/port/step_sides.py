@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from flaxport.port import draws
 from flaxport.port.dropout import FlaxMasks
 
 
@@ -22,12 +23,13 @@ def _jnp_tree(tree):
 
 
 def _train_step(loss_of, tx, update_mask):
-    """jit(step(params, rest, opt_state, xs, ys, masks, rngs) -> (loss, grads, params, rest, opt_state))."""
+    """jit(step(params, rest, opt_state, xs, ys, replayed, rngs) -> (loss, grads, params, rest, opt_state));
+    replayed: {"dropout": torch's masks, "draws": torch's random draws} for the step (flaxport.port.draws)."""
     import jax
     import optax
 
-    def step(params, rest, opt_state, xs, ys, masks, rngs):
-        (loss, new_rest), grads = jax.value_and_grad(loss_of, has_aux=True)(params, rest, xs, ys, masks, rngs)
+    def step(params, rest, opt_state, xs, ys, replayed, rngs):
+        (loss, new_rest), grads = jax.value_and_grad(loss_of, has_aux=True)(params, rest, xs, ys, replayed, rngs)
         updates, opt_state = tx.update(grads, opt_state, params)
         if update_mask is not None:  # parameters the torch optimizer does not update
             updates = jax.tree.map(lambda u, m: u * m.astype(u.dtype), updates, update_mask)
@@ -94,9 +96,9 @@ class LinenSide:
         module, kwargs, cf = self.module, self.kwargs, self.cf
         mutable = ["batch_stats"] if self.train and "batch_stats" in self.rest else False
 
-        def loss_of(params, rest, xs, ys, masks, rngs):
-            fm = FlaxMasks(masks, dropout_mode, cf)
-            with fm.linen():
+        def loss_of(params, rest, xs, ys, replayed, rngs):
+            fm = FlaxMasks(replayed["dropout"], dropout_mode, cf)
+            with fm.linen(), draws.jax_replay(replayed["draws"]):
                 res = module.apply({"params": params, **rest}, *xs, **kwargs, mutable=mutable, rngs=dict(rngs))
             fm.finish()
             out, new = res if mutable else (res, {})
@@ -209,14 +211,14 @@ class NNXSide:
         recurrent = [c for c in getattr(self.t, "namespace", {}).values()
                      if isinstance(c, type) and any(b.__name__ == "_RNNBase" for b in c.__mro__)]
 
-        def loss_of(params, rest, xs, ys, masks, rngs):
+        def loss_of(params, rest, xs, ys, replayed, rngs):
             import jax
 
             # Fresh Variables at this trace level (unflattening makes new ones): NNX refuses to mutate
             # BatchNorm statistics created at the outer (jit) level from inside the gradient's trace.
             model = nnx.merge(graphdef, params, jax.tree.map(lambda a: a, rest))
-            fm = FlaxMasks(masks, dropout_mode, False)
-            with fm.nnx(recurrent):
+            fm = FlaxMasks(replayed["dropout"], dropout_mode, False)
+            with fm.nnx(recurrent), draws.jax_replay(replayed["draws"]):
                 out = model(*xs)
             fm.finish()
             _, _, new_rest = nnx.split(model, nnx.Param, ...)

@@ -336,6 +336,8 @@ def _functional_op(node):
     name = base[:-1] if base.endswith("_") else base
     packet = getattr(torch.ops.aten, name, None)
     overload = node.target._overloadname
+    if packet is None or overload not in packet.overloads():  # normal_ -> normal_functional
+        packet = getattr(torch.ops.aten, name + "_functional", None)
     if packet is None or overload not in packet.overloads():
         return None
     return getattr(packet, overload)

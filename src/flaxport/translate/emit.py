@@ -121,10 +121,10 @@ def read_safetensors(path):
 
 def load(directory, *, seed=0):
     """The translated model with the weights saved in `directory` (weights.safetensors, torch's names),
-    in the torch module's train/eval mode; dropout draws from the `dropout` stream seeded by `seed`."""
+    in the torch module's train/eval mode; {draws} seeded by `seed`."""
     arrays, metadata = read_safetensors(os.path.join(directory, "weights.safetensors"))
     # Shapes only (nothing initialised): every variable is set from the file below.
-    model = nnx.eval_shape(lambda: {root}(rngs=nnx.Rngs(params=0, dropout=seed)))
+    model = nnx.eval_shape(lambda: {root}(rngs=nnx.Rngs({streams})))
     variables = dict(nnx.to_flat_state(nnx.state(model)))
     for name, path in json.loads(metadata["nnx_paths"]).items():
         key = tuple(int(p) if p.isdigit() else p for p in path.split("/"))
@@ -170,6 +170,12 @@ def module_source(plan, header: str, conv: str = "xla") -> str:
     root = plan.classes[-1].name
     set_variable = SET_VARIABLE_COLUMNS if plan.flat_weights else SET_VARIABLE
     loader = LOADER.replace("{root}", root).replace("{set_variable}", set_variable)
+    if "rngs.noise.fork()" in body_text:
+        loader = loader.replace("{draws}", "dropout and the forward's random draws come from streams")
+        loader = loader.replace("{streams}", "params=0, dropout=seed, noise=seed")
+    else:
+        loader = loader.replace("{draws}", "dropout draws from the `dropout` stream")
+        loader = loader.replace("{streams}", "params=0, dropout=seed")
     if plan.flat_weights:
         loader = COLUMNS.format(columns=repr(plan.flat_weights)) + loader
     code = "\n\n\n".join(part for part in [runtime, *class_texts, loader.strip()] if part)

@@ -7,8 +7,11 @@ with the op's handler, evaluates the code with JAX on the same values and return
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
+from flaxport.port import draws
 from flaxport.translate import ops as oplib
 from flaxport.translate.ops import Expr, Outputs
 
@@ -42,8 +45,9 @@ class _Body:
         return Expr(str(int(v)))
 
 
-def run_op(target, *args, **kwargs):
-    """(jax outputs [np arrays], torch outputs [np arrays], code) of one op on these arguments."""
+def run_op(target, *args, replay: bool = False, **kwargs):
+    """(jax outputs [np arrays], torch outputs [np arrays], code) of one op on these arguments.
+    A random op draws from its own stream; replay=True gives it torch's draw (flaxport.port.draws)."""
     import jax
     import jax.numpy as jnp
     import torch
@@ -71,25 +75,32 @@ def run_op(target, *args, **kwargs):
 
     fx_args = tuple(lift(a) for a in args)
     fx_kwargs = {k: lift(v) for k, v in kwargs.items()}
-    with torch.no_grad():
+    drawn = draws.Draws()
+    with torch.no_grad(), draws.torch_recording(drawn):
         expected = target(*args, **kwargs)
     node = graph.call_function(target, fx_args, fx_kwargs)
     node.meta["val"] = expected
     handler = oplib.lookup(node)
     if handler is None:
         raise KeyError(f"no handler for {target}")
-    result = handler(OpContext(_Body(names), node), node)
+    body = _Body(names)
+    result = handler(OpContext(body, node), node)
     namespace = {"jnp": jnp, "jax": jax, "lax": lax, "np": np, "nnx": nnx, "math": __import__("math")}
     namespace.update({k: getattr(functions, k) for k in dir(functions) if not k.startswith("__")})
     namespace.update({k: jnp.asarray(v.numpy()) for k, v in inputs.items()})
+    rngs = nnx.Rngs(params=0, dropout=0, noise=0)  # the module attributes the handler asked for (self.noise)
+    namespace["self"] = type("Module", (), {a: eval(ctor, {**namespace, "rngs": rngs})  # noqa: S307
+                                            for a, ctor in body.synth.items()})()
+    replaying = draws.jax_replay(drawn.standard) if replay else contextlib.nullcontext()
     expected_list = list(expected) if isinstance(expected, (tuple, list)) else [expected]
-    if isinstance(result, Outputs):
-        codes = [r.text if r is not None else None for r in result]
-        got = [eval(c, namespace) if c is not None else None for c in codes]  # noqa: S307 - our own code
-        code = "; ".join(c for c in codes if c)
-    else:
-        code = result.text
-        value = eval(code, namespace)  # noqa: S307
-        got = list(value) if isinstance(expected, (tuple, list)) else [value]
+    with replaying:
+        if isinstance(result, Outputs):
+            codes = [r.text if r is not None else None for r in result]
+            got = [eval(c, namespace) if c is not None else None for c in codes]  # noqa: S307 - our own code
+            code = "; ".join(c for c in codes if c)
+        else:
+            code = result.text
+            value = eval(code, namespace)  # noqa: S307
+            got = list(value) if isinstance(expected, (tuple, list)) else [value]
     to_np = [None if g is None else np.asarray(g) for g in got]
     return to_np, [e.numpy() if torch.is_tensor(e) else np.asarray(e) for e in expected_list], code

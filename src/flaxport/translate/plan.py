@@ -505,7 +505,7 @@ class Plan:
 
     def synth_name(self, frame, node, base) -> str:
         per_path = self._synth.setdefault(frame.path, {})
-        key = (node.name, base)
+        key = (node.name if node is not None else None, base)  # node None: one a module
         if key not in per_path:
             taken = set(per_path.values()) | self._attribute_names(frame.path)
             name, k = base, 1

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from flaxport.port.parity import ParityReport, Row, compare
+from flaxport.port import draws as rnd
 
 ATOL = RTOL = 1e-5
 # The proof compiles each program once and runs it once: XLA's backend optimisations cost
@@ -118,20 +119,22 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     dtype = torch.float64 if f64 else None
     args = [_cast(a, dtype) for a in t.example_args]
     kwargs = {k: _cast(v, dtype) for k, v in t.example_kwargs.items()}
-    env = _interpret(capture, args, kwargs)
     torch_module = copy.deepcopy(module).eval()
     if f64:
         torch_module = torch_module.double()
-    with _torch_precision(), torch.no_grad():
+    draws = rnd.Draws() if draws_noise(capture) else None
+    with _torch_precision(), torch.no_grad(), _recording(draws):
         torch_out = torch_module(*args, **kwargs)
     torch_leaves = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
+    env = _interpret(capture, args, kwargs, draws)
 
     x64 = jax.enable_x64(True) if f64 else contextlib.nullcontext()
     with x64, jax.default_matmul_precision("highest"):
         model = t.new_model(dtype=jnp.float64 if f64 else None)
         model.eval()
         inputs = _jax_arguments(t, dtype)
-        records, jax_out = _run_recorded(t, model, inputs)
+        with _replay(draws):
+            records, jax_out = _run_recorded(t, model, inputs)
         records = [(path, [np.asarray(a) for a in _leaves(out)]) for path, out in records]
         jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
 
@@ -291,8 +294,23 @@ def _jax_arguments(t, dtype) -> list:
     return out
 
 
-def _interpret(capture, args, kwargs) -> dict:
-    """{node name: NumPy value} of the captured graph run by torch on the inputs."""
+def draws_noise(capture) -> bool:
+    """Does the captured forward draw random numbers (randn_like, rand, bernoulli, ...)?"""
+    return any(n.op == "call_function" and rnd.op_name(getattr(n.target, "overloadpacket", None))
+               for n in capture.graph.nodes)
+
+
+def _recording(draws):
+    return rnd.torch_recording(draws) if draws is not None else contextlib.nullcontext()
+
+
+def _replay(draws):
+    return rnd.jax_replay(draws.standard) if draws is not None else contextlib.nullcontext()
+
+
+def _interpret(capture, args, kwargs, draws=None) -> dict:
+    """{node name: NumPy value} of the captured graph run by torch on the inputs (random ops
+    return torch's `draws` of the module's own run)."""
     import torch
     import torch.fx
     from torch.utils import _pytree
@@ -322,11 +340,14 @@ def _interpret(capture, args, kwargs) -> dict:
     env = {}
 
     views = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+    replay = rnd.torch_replay(draws) if draws is not None else None
 
     class Recorder(torch.fx.Interpreter):
         def call_function(self, target, args, kwargs):
             if target in views:  # the capture dropped torch's contiguous() calls
                 target = torch.ops.aten.reshape.default
+            if replay is not None:
+                return replay(target, args, kwargs, super().call_function)
             return super().call_function(target, args, kwargs)
 
         def run_node(self, n):
@@ -420,7 +441,9 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     if f64:
         torch_module = torch_module.double()
     before = {k: v.detach().clone() for k, v in torch_module.state_dict().items()}
-    with _torch_precision(), torch.no_grad(), _torch_dropout_off(torch_module):
+    capture = t.plan.captures.get("train") or next(iter(t.plan.captures.values()))
+    draws = rnd.Draws() if draws_noise(capture) else None
+    with _torch_precision(), torch.no_grad(), _torch_dropout_off(torch_module), _recording(draws):
         torch_out = torch_module(*args, **kwargs)
     torch_leaves = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
     after = torch_module.state_dict()
@@ -438,7 +461,8 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
             m = nnx.merge(graphdef, state)
             return m(*xs), nnx.state(m)
 
-        jax_out, state = jax.jit(step, compiler_options=FAST_COMPILE)(state, inputs)
+        with _replay(draws):
+            jax_out, state = jax.jit(step, compiler_options=FAST_COMPILE)(state, inputs)
         nnx.update(model, state)
         jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
         saved = _state_dict_of(t, model)

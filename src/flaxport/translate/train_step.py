@@ -440,7 +440,7 @@ def _prove(t, module, name, kwargs, loss, source, inputs, targets, first_output)
     import jax
     import torch
 
-    from flaxport.port import check_step
+    from flaxport.port import check_step, draws
     from flaxport.port.parity import compare
 
     ns = _namespace(source)
@@ -467,10 +467,15 @@ def _prove(t, module, name, kwargs, loss, source, inputs, targets, first_output)
         y_j = jax.numpy.asarray(y64.numpy())
         for s in range(1, STEPS + 1):
             opt.zero_grad(set_to_none=True)
-            t_loss = torch_loss(tm64(*xs64), y64)
+            drawn = draws.Draws()
+            with draws.torch_recording(drawn):
+                out64 = tm64(*xs64)
+            t_loss = torch_loss(out64, y64)
             t_loss.backward()
             opt.step()
-            state, j_loss = train_step(state, *xs_j, y_j)
+            # a forward that draws (randn_like, ...) takes torch's draws: traced afresh each step
+            with jax.disable_jit(bool(drawn.standard)), draws.jax_replay(drawn.standard):
+                state, j_loss = train_step(state, *xs_j, y_j)
             d, _, ok = compare(t_loss.detach().numpy(), np.asarray(j_loss), ATOL, RTOL)[:3]
             rows.append((s, "loss", d, ok))
             write_back(state)

@@ -356,7 +356,7 @@ def abstract_model(cls, seed: int = 0):
     import jax.numpy as jnp
     from flax import nnx
 
-    model = nnx.eval_shape(lambda: cls(rngs=nnx.Rngs(params=0, dropout=seed)))
+    model = nnx.eval_shape(lambda: cls(rngs=nnx.Rngs(params=0, dropout=seed, noise=seed)))
     keys = [v for _, v in nnx.to_flat_state(nnx.state(model, nnx.RngKey))]
     for i, var in enumerate(keys):
         var.set_value(jax.random.fold_in(jax.random.key(seed), i))

@@ -94,19 +94,3 @@ def alpha_dropout(c, node):
         raise Unsupported("alpha dropout in train mode")
     return c.x("input")
 
-
-_RANDOM = ("rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "normal",
-           "uniform", "multinomial", "randperm", "exponential", "poisson")
-
-
-def _random(name):
-    @op(f"aten.{name}")
-    def handler(c, node):
-        raise Unsupported(f"random numbers ({name}): draw them outside forward and pass them in as an input")
-
-    return handler
-
-
-for _name in _RANDOM:
-    _random(_name)
-
