@@ -24,6 +24,13 @@ def test_sampling_forward_passes_the_proof_on_torchs_draws(name):
     assert train.ok, str(train)
 
 
+def test_values_a_helper_method_returns_take_the_callers_names():
+    """`mu, logvar = self.encode(x)` calls three modules in one statement: not a loop's runs."""
+    module, inputs, t = zoo.translated("sampling_vae")
+    assert "mu = self.fc21(" in t.source and "logvar = self.fc22(" in t.source, t.source
+    assert "z = mu + jax.random.normal(self.noise(), exp.shape, dtype=exp.dtype) * exp" in t.source
+
+
 def test_the_proof_catches_a_draw_used_wrongly(monkeypatch):
     """A translation that scales torch's noise by 1.01 fails at the first module reading it."""
     from flaxport.translate import ops, translate
