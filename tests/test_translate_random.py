@@ -31,6 +31,16 @@ def test_values_a_helper_method_returns_take_the_callers_names():
     assert "z = mu + jax.random.normal(self.noise(), exp.shape, dtype=exp.dtype) * exp" in t.source
 
 
+def test_timms_drop_path_becomes_one_class_with_its_probability():
+    """x.new_empty(shape).bernoulli_(keep_prob) then div_: a bernoulli draw of the batch's shape;
+    the two DropPath instances (keep 0.9, 0.8) share a class taking `p`."""
+    module, inputs, t = zoo.translated("convnext")
+    src = t.source[t.source.index("class DropPath"):]
+    assert "def __init__(self, p, *, rngs: nnx.Rngs):" in src
+    assert "jax.random.bernoulli(self.noise(), self.p, (x.shape[0], 1, 1, 1)).astype(x.dtype) / self.p" in src
+    assert "DropPath(0.9, rngs=rngs)" in t.source and "DropPath(0.8, rngs=rngs)" in t.source
+
+
 def test_the_proof_catches_a_draw_used_wrongly(monkeypatch):
     """A translation that scales torch's noise by 1.01 fails at the first module reading it."""
     from flaxport.translate import ops, translate

@@ -539,6 +539,57 @@ class NoisyNet(nn.Module):
         return h.mean((2, 3)) + self.table[pick], pick
 
 
+def drop_path(x, drop_prob: float = 0.0, training: bool = False, scale_by_keep: bool = True):
+    """timm's stochastic depth: whole samples dropped, the rest scaled by 1 / keep_prob."""
+    if drop_prob == 0.0 or not training:
+        return x
+    keep_prob = 1 - drop_prob
+    shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+    random_tensor = x.new_empty(shape).bernoulli_(keep_prob)
+    if keep_prob > 0.0 and scale_by_keep:
+        random_tensor.div_(keep_prob)
+    return x * random_tensor
+
+
+class DropPath(nn.Module):
+    def __init__(self, drop_prob=0.0):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x):
+        return drop_path(x, self.drop_prob, self.training)
+
+
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: depthwise 7x7, channels-last LayerNorm and MLP, layer scale, timm's DropPath."""
+
+    def __init__(self, dim, drop_prob):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1, self.act, self.pwconv2 = nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(0.1 * torch.ones(dim))
+        self.drop_path = DropPath(drop_prob) if drop_prob > 0 else nn.Identity()
+
+    def forward(self, x):
+        shortcut = x
+        x = self.dwconv(x).permute(0, 2, 3, 1)
+        x = self.pwconv2(self.act(self.pwconv1(self.norm(x))))
+        x = (self.gamma * x).permute(0, 3, 1, 2)
+        return shortcut + self.drop_path(x)
+
+
+class ConvNeXtStage(nn.Module):
+    """Three blocks with drop-path rates rising 0, 0.1, 0.2 (two DropPath instances, one class)."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.blocks = nn.Sequential(*[ConvNeXtBlock(dim, p) for p in (0.0, 0.1, 0.2)])
+
+    def forward(self, x):
+        return self.blocks(x).mean((2, 3))
+
+
 # --------------------------------------------------------------------------- factories
 def randomize_batchnorm(module, seed=0):
     """Non-trivial running statistics, so eval-mode BatchNorm is checked for real."""
@@ -594,6 +645,8 @@ def make(name, seed=0):
         return SamplingVAE().eval(), (torch.rand(2, 1, 8, 8, generator=g),)
     if name == "noisy":
         return NoisyNet().eval(), (torch.randn(2, 3, 6, 6, generator=g),)
+    if name == "convnext":
+        return ConvNeXtStage().eval(), (torch.randn(2, 8, 8, 8, generator=g),)
     if name == "involution":
         return Involution().eval(), (torch.randn(2, 4, 6, 8, generator=g),)
     if name == "tcn":
@@ -653,7 +706,7 @@ NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
 MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated", "decoder", "stn", "shared", "involution")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
-SAMPLING = ("sampling_vae", "noisy")  # forwards that draw random numbers
+SAMPLING = ("sampling_vae", "noisy", "convnext")  # forwards that draw random numbers
 
 
 @functools.lru_cache(maxsize=None)

@@ -333,6 +333,8 @@ def _functional_op(node):
 
     schema = node.target._schema
     base = schema.name.split("::")[1]
+    if (base, node.target._overloadname) == ("bernoulli_", "float"):  # x.new_empty(s).bernoulli_(p): drop path
+        return torch.ops.aten.bernoulli.p
     name = base[:-1] if base.endswith("_") else base
     packet = getattr(torch.ops.aten, name, None)
     overload = node.target._overloadname

@@ -384,8 +384,8 @@ def _parameters(cdef: ClassDef):
         if hv not in by_vector:
             hints = [getattr(insts[0], p)[l].slots[k][1] or "value" for (p, l, k) in positions
                      if tuple(map(_hashable, vectors[(p, l, k)])) == hv]
-            ranked = sorted(set(hints), key=lambda h: (-hints.count(h), HINT_ORDER.index(h) if h in HINT_ORDER
-                                                       else len(HINT_ORDER), h))
+            ranked = sorted(set(hints), key=lambda h: (-hints.count(h), h in VAGUE_HINTS,
+                                                       HINT_ORDER.index(h) if h in HINT_ORDER else len(HINT_ORDER), h))
             free = [h for h in ranked if _safe_name(h) not in names]
             name = attr_vectors.get(hv) or _safe_name(free[0] if free else ranked[0])
             base, k = name, 1
@@ -402,6 +402,8 @@ def _parameters(cdef: ClassDef):
         inst.args = tuple(vec[i] for _, vec in params)
 
 
+# Schema names that say nothing of the value (div's `other`): any other hint is preferred.
+VAGUE_HINTS = {"other", "self", "value", "arg", "scalar"}
 # Constructor-argument names in order of preference when one value fills several slots.
 HINT_ORDER = ["in_channels", "out_channels", "in_features", "out_features", "embedding_dim", "hidden_size",
               "input_size", "stride", "kernel_size", "padding", "dilation", "groups", "num_embeddings"]

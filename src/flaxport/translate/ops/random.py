@@ -37,6 +37,7 @@ def _dtype(c, like=None):
 
 
 _NEW = ("aten.empty.memory_format", "aten.empty.default", "aten.zeros.default", "aten.ones.default")
+_NEW_LIKE = ("aten.new_empty.default", "aten.new_zeros.default", "aten.new_ones.default")
 
 
 def _shape_of(c, name) -> str:
@@ -44,6 +45,8 @@ def _shape_of(c, name) -> str:
     v = c.raw(name)
     if hasattr(v, "op") and str(v.target) in _NEW:
         return c.size(v.args[0]).text
+    if hasattr(v, "op") and str(v.target) in _NEW_LIKE:  # x.new_empty(size)
+        return c.size(v.args[1]).text
     return f"{_like(c, name).at(100)}.shape"
 
 
