@@ -54,6 +54,20 @@ def test_the_proof_catches_a_draw_used_wrongly(monkeypatch):
     assert not report.ok and report.first_divergence.torch_name == "fc3", str(report)
 
 
+def test_a_translation_drawing_more_than_torch_fails_the_proof_and_says_so(monkeypatch):
+    from flaxport.translate import ops, translate
+    from flaxport.translate.ops import Expr
+
+    ops._load()
+    right = ops.OPS["aten.randn_like.default"]
+    monkeypatch.setitem(ops.OPS, "aten.randn_like.default",
+                        lambda c, node: Expr(f"({right(c, node).text} + {right(c, node).text}) / 2"))
+    module, inputs = zoo.make("sampling_vae")
+    report = translate(module, *inputs).report
+    assert not report.ok, str(report)
+    assert "random draws: the JAX side draws more random numbers than torch" in report.first_divergence.note
+
+
 def test_the_translation_draws_afresh_each_call_and_as_seeded(tmp_path):
     """t.model's stream advances per call; the saved file (no flaxport, no torch) draws the same
     numbers for the same seed, other numbers for another, at another batch size too."""

@@ -171,7 +171,7 @@ def module_source(plan, header: str, conv: str = "xla") -> str:
     set_variable = SET_VARIABLE_COLUMNS if plan.flat_weights else SET_VARIABLE
     loader = LOADER.replace("{root}", root).replace("{set_variable}", set_variable)
     if "rngs.noise.fork()" in body_text:
-        loader = loader.replace("{draws}", "dropout and the forward's random draws come from streams")
+        loader = loader.replace("{draws}", "its random draws and dropout use streams")
         loader = loader.replace("{streams}", "params=0, dropout=seed, noise=seed")
     else:
         loader = loader.replace("{draws}", "dropout draws from the `dropout` stream")

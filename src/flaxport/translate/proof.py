@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 
-from flaxport.port.parity import ParityReport, Row, compare
 from flaxport.port import draws as rnd
+from flaxport.port.parity import ParityReport, Row, compare
 
 ATOL = RTOL = 1e-5
 # The proof compiles each program once and runs it once: XLA's backend optimisations cost
@@ -126,15 +126,21 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     with _torch_precision(), torch.no_grad(), _recording(draws):
         torch_out = torch_module(*args, **kwargs)
     torch_leaves = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
-    env = _interpret(capture, args, kwargs, draws)
+    try:
+        env = _interpret(capture, args, kwargs, draws)
+    except rnd.DrawMismatch as e:
+        return [_draws_differ(e)]
 
     x64 = jax.enable_x64(True) if f64 else contextlib.nullcontext()
     with x64, jax.default_matmul_precision("highest"):
         model = t.new_model(dtype=jnp.float64 if f64 else None)
         model.eval()
         inputs = _jax_arguments(t, dtype)
-        with _replay(draws):
-            records, jax_out = _run_recorded(t, model, inputs)
+        try:
+            with _replay(draws):
+                records, jax_out = _run_recorded(t, model, inputs)
+        except rnd.DrawMismatch as e:
+            return [_draws_differ(e)]
         records = [(path, [np.asarray(a) for a in _leaves(out)]) for path, out in records]
         jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
 
@@ -168,6 +174,11 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
             name = "output" if len(torch_leaves) == 1 else f"output[{i}]"
             rows.append(_row("output", name, name, a, b, atol, rtol))
     return rows
+
+
+def _draws_differ(e) -> Row:
+    """The failed row of a translation whose random draws are not torch's (count, shapes)."""
+    return Row("output", "output", "output", None, math.inf, math.inf, False, f"random draws: {e}")
 
 
 def _row(phase, tname, fname, t, f, atol, rtol) -> Row:
@@ -461,8 +472,11 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
             m = nnx.merge(graphdef, state)
             return m(*xs), nnx.state(m)
 
-        with _replay(draws):
-            jax_out, state = jax.jit(step, compiler_options=FAST_COMPILE)(state, inputs)
+        try:
+            with _replay(draws):
+                jax_out, state = jax.jit(step, compiler_options=FAST_COMPILE)(state, inputs)
+        except rnd.DrawMismatch as e:
+            return ParityReport([_draws_differ(e)], True, atol, rtol)
         nnx.update(model, state)
         jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
         saved = _state_dict_of(t, model)
