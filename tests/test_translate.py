@@ -40,6 +40,10 @@ def _torch_outputs(module, *inputs):
 
 def _resized(inputs, name):
     """Other sizes than the example's: batch 3, and a longer sequence / larger image where the model allows."""
+    if name == "graph":  # another graph: 9 nodes, 20 edges
+        g = torch.Generator().manual_seed(7)
+        return [torch.randn(9, 6, generator=g), torch.randint(0, 3, (9,), generator=g),
+                torch.randint(0, 9, (2, 20), generator=g), torch.tensor([0] * 4 + [1] * 5)]
     out = []
     for x in inputs:
         shape = list(x.shape)
@@ -85,7 +89,8 @@ def test_more_shapes_of_torch_code(name):
     LocalResponseNorm and ChannelShuffle in a Sequential, nn.Bilinear, F.cosine_similarity, a conv
     whose groups are the batch size, LSTMCell/GRUCell/RNNCell in an unrolled loop, a spatial
     transformer (affine_grid, grid_sample), an OrderedDict Sequential called twice with a ModuleDict
-    head and a namedtuple out, F.unfold/F.fold; each also at batch 3."""
+    head and a namedtuple out, F.unfold/F.fold, message passing on an edge list (index_add_, scatter_,
+    scatter_reduce); each also at batch 3 (the graph: other node and edge counts)."""
     import jax.numpy as jnp
 
     module, inputs, t = zoo.translated(name)
@@ -112,6 +117,19 @@ def test_spatial_transformer_trains_like_torch():
                         (x, target), steps=3)
     assert report.ok, str(report)
     assert {r.phase for r in report.rows} >= {"loss", "grad", "param"}
+
+
+def test_message_passing_trains_like_torch():
+    """Gradients through index_add_, scatter_reduce (amax without self, mean) and the gathers h[src]:
+    three SGD steps against torch's, float32."""
+    from flaxport.port import check_step
+
+    module, inputs, t = zoo.translated("graph")
+    assert "scatter(jnp.zeros_like(h), 0, index, messages, reduce=\"amax\", include_self=False)" in t.source
+    target = torch.randn(2, generator=torch.Generator().manual_seed(5))
+    report = check_step(module, torch.optim.SGD(module.parameters(), lr=0.1), torch.nn.functional.mse_loss, t,
+                        (inputs, target), steps=3)
+    assert report.ok, str(report)
 
 
 def test_weight_norm_keeps_torchs_names_and_state_dict():

@@ -539,6 +539,34 @@ class NoisyNet(nn.Module):
         return h.mean((2, 3)) + self.table[pick], pick
 
 
+class GraphNet(nn.Module):
+    """Message passing on an edge list, as GNN libraries write it: a GCN layer summing neighbours
+    with index_add_ and degree normalisation, a max-aggregating layer (scatter_reduce amax,
+    include_self=False), a mean readout per graph (scatter_reduce mean) and one-hot node types (scatter_)."""
+
+    def __init__(self, features=6, hidden=8, types=3, graphs=2):
+        super().__init__()
+        self.types, self.graphs = types, graphs
+        self.embed = nn.Linear(features + types, hidden)
+        self.gcn = nn.Linear(hidden, hidden)
+        self.message = nn.Linear(2 * hidden, hidden)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, x, node_type, edge_index, graph_of_node):
+        one_hot = x.new_zeros(x.shape[0], self.types).scatter_(1, node_type.unsqueeze(1), 1.0)
+        h = F.relu(self.embed(torch.cat([x, one_hot], 1)))
+        src, dst = edge_index[0], edge_index[1]
+        degree = x.new_zeros(x.shape[0]).index_add_(0, dst, x.new_ones(dst.shape[0])).clamp(min=1)
+        summed = torch.zeros_like(h).index_add_(0, dst, h[src])
+        h = F.relu(self.gcn(summed / degree.unsqueeze(1))) + h
+        messages = self.message(torch.cat([h[dst], h[src] - h[dst]], 1))
+        index = dst.unsqueeze(1).expand_as(messages)
+        h = torch.zeros_like(h).scatter_reduce(0, index, messages, reduce="amax", include_self=False)
+        readout = h.new_zeros(self.graphs, h.shape[1]).scatter_reduce(
+            0, graph_of_node.unsqueeze(1).expand_as(h), h, reduce="mean", include_self=False)
+        return self.head(readout).squeeze(1)
+
+
 def drop_path(x, drop_prob: float = 0.0, training: bool = False, scale_by_keep: bool = True):
     """timm's stochastic depth: whole samples dropped, the rest scaled by 1 / keep_prob."""
     if drop_prob == 0.0 or not training:
@@ -645,6 +673,11 @@ def make(name, seed=0):
         return SamplingVAE().eval(), (torch.rand(2, 1, 8, 8, generator=g),)
     if name == "noisy":
         return NoisyNet().eval(), (torch.randn(2, 3, 6, 6, generator=g),)
+    if name == "graph":
+        nodes, edges = 7, 16
+        edge_index = torch.randint(0, nodes, (2, edges), generator=g)
+        return GraphNet().eval(), (torch.randn(nodes, 6, generator=g), torch.randint(0, 3, (nodes,), generator=g),
+                                   edge_index, torch.tensor([0, 0, 0, 1, 1, 1, 1]))
     if name == "convnext":
         return ConvNeXtStage().eval(), (torch.randn(2, 8, 8, 8, generator=g),)
     if name == "involution":
@@ -703,7 +736,8 @@ def _hf(name, g):
 
 
 NAMES = ("resnet18", "mobilenet", "transformer", "lstm", "gru", "unet")
-MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated", "decoder", "stn", "shared", "involution")
+MORE = ("audio", "seq2seq", "gated", "patches", "peaks", "tcn", "rnn", "classic", "modulated", "decoder", "stn", "shared",
+        "involution", "graph")
 WORKLOADS = ("gan_g", "gan_d", "cnn", "vae", "ddim")
 HF = ("bert", "gpt2", "vit")
 SAMPLING = ("sampling_vae", "noisy", "convnext")  # forwards that draw random numbers

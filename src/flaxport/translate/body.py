@@ -685,7 +685,7 @@ RESERVED |= {n for n in dir(__import__("builtins")) if not n.startswith("_")}
 RESERVED |= {"conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool",
              "interpolate_nearest", "interpolate_linear", "layer_norm", "group_norm", "scaled_dot_product_attention",
              "pixel_shuffle", "channel_shuffle", "cosine_similarity", "lstm_cell", "gru_cell", "rnn_cell", "affine_grid",
-             "grid_sample", "unfold", "fold", "nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+             "grid_sample", "unfold", "fold", "scatter", "nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits",
              "read_safetensors", "load", "json", "os", "Buffer", "TorchModule"}
 
 

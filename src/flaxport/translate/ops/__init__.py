@@ -68,7 +68,7 @@ _LOADED = []
 def _load():
     if not _LOADED:
         from flaxport.translate.ops import (activation, attention, conv, create, elementwise, linalg, losses,  # noqa
-                                            norm, random, recurrent, reduce, shape)
+                                            norm, random, recurrent, reduce, scatter, shape)
         _LOADED.append(True)
 
 

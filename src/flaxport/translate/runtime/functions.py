@@ -499,6 +499,31 @@ def grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=Fa
             + tap(y0 + 1, x0) * (1 - wx) * wy + tap(y0 + 1, x0 + 1) * wx * wy)
 
 
+def scatter(x, dim, index, src, reduce=None, include_self=True):
+    """torch's scatter / scatter_add / scatter_reduce along `dim`: out[..., index[i, j], ...] = src[i, j]
+    (index replaces the dim-th coordinate; src cut to index's shape). reduce "sum", "prod", "mean",
+    "amax" or "amin" combines what lands on one place, with x's own value unless include_self=False."""
+    grid = list(jnp.indices(index.shape, sparse=True))
+    grid[dim] = index
+    where = tuple(grid)
+    if jnp.ndim(src):
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    if reduce is None:
+        return x.at[where].set(src)
+    identity = {"sum": 0, "mean": 0, "prod": 1, "amax": -jnp.inf, "amin": jnp.inf}[reduce]
+    if jnp.issubdtype(x.dtype, jnp.integer) and reduce in ("amax", "amin"):
+        info = jnp.iinfo(x.dtype)
+        identity = info.min if reduce == "amax" else info.max
+    base = x if include_self else x.at[where].set(identity)
+    combine = {"sum": "add", "mean": "add", "prod": "multiply", "amax": "max", "amin": "min"}[reduce]
+    out = getattr(base.at[where], combine)(src)
+    if reduce != "mean":
+        return out
+    count = jnp.zeros(x.shape, x.dtype).at[where].add(1) + (1 if include_self else 0)
+    count = jnp.maximum(count, 1)
+    return out // count if jnp.issubdtype(x.dtype, jnp.integer) else out / count
+
+
 def columns_channels_last(weight, chw):
     """A Linear weight (out, C * H * W) with torch's (c, h, w) column order -> its columns in
     (h, w, c) order, for a Linear that reads a channels-last flatten of a (C, H, W) map."""
