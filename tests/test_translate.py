@@ -38,6 +38,20 @@ def _torch_outputs(module, *inputs):
     return [a.numpy() for a in torch.utils._pytree.tree_leaves(out) if torch.is_tensor(a)]
 
 
+def _assert_runs_like_torch_at_other_sizes(module, inputs, t, name):
+    """t.model on _resized inputs computes what the torch module computes (float32 tolerance)."""
+    import jax
+    import jax.numpy as jnp
+
+    other = _resized(inputs, name)
+    got = _outputs(t.model, *[jnp.asarray(x.numpy()) for x in other])
+    with torch.no_grad():  # leaves in JAX's order (a dict's by sorted key), as _outputs gives them
+        want = jax.tree.leaves(jax.tree.map(lambda a: a.numpy(), module.eval()(*other)))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())))
+
+
 def _resized(inputs, name):
     """Other sizes than the example's: batch 3, and a longer sequence / larger image where the model allows."""
     if name == "graph":  # another graph: 9 nodes, 20 edges
@@ -91,19 +105,9 @@ def test_more_shapes_of_torch_code(name):
     transformer (affine_grid, grid_sample), an OrderedDict Sequential called twice with a ModuleDict
     head and a namedtuple out, F.unfold/F.fold, message passing on an edge list (index_add_, scatter_,
     scatter_reduce); each also at batch 3 (the graph: other node and edge counts)."""
-    import jax.numpy as jnp
-
     module, inputs, t = zoo.translated(name)
     assert t.report.ok and t.report.precision == "float64", str(t.report)
-    import jax
-
-    other = _resized(inputs, name)
-    got = _outputs(t.model, *[jnp.asarray(x.numpy()) for x in other])
-    with torch.no_grad():  # leaves in JAX's order (a dict's by sorted key), as _outputs gives them
-        want = jax.tree.leaves(jax.tree.map(lambda a: a.numpy(), module.eval()(*other)))
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())))
+    _assert_runs_like_torch_at_other_sizes(module, inputs, t, name)
 
 
 def test_spatial_transformer_trains_like_torch():
@@ -345,8 +349,6 @@ def test_layout_nhwc_keeps_image_values_channels_last_and_passes(name):
     """--layout nhwc: convs, norms, pools, resampling, concatenation and elementwise ops on
     (N, H, W, C); transposes only where another op reads a value (the flatten before a
     Linear) and at the model's inputs and outputs, which stay in torch's layout."""
-    import jax.numpy as jnp
-
     from flaxport.translate import translate
 
     module, inputs = zoo.make(name)
@@ -355,15 +357,7 @@ def test_layout_nhwc_keeps_image_values_channels_last_and_passes(name):
     assert "channels_last=True" in t.source
     src = t.source[t.source.index(f"class {t.class_names[0]}("):]
     assert src.count(".transpose(0, 2, 3, 1)") <= 2 and src.count(".transpose(0, 3, 1, 2)") <= 2
-    import jax
-
-    other = _resized(inputs, name)
-    got = _outputs(t.model, *[jnp.asarray(x.numpy()) for x in other])
-    with torch.no_grad():  # leaves in JAX's order (a dict's by sorted key), as _outputs gives them
-        want = jax.tree.leaves(jax.tree.map(lambda a: a.numpy(), module.eval()(*other)))
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(w).max())))
+    _assert_runs_like_torch_at_other_sizes(module, inputs, t, name)
 
 
 class _FlatHead(torch.nn.Module):

@@ -122,11 +122,11 @@ class BodyRenderer:
         for u in units:
             if u.key is None:
                 continue
-            helper = u.stmt is not None and any(a not in children for a in u.stmt.self_calls)
-            if u.kind == "call" and (u.stmt is None or u.stmt.loops or not helper):
+            helper = any(a not in children for a in u.stmt.self_calls)  # a key comes with its statement
+            if u.kind == "call" and (u.stmt.loops or not helper):
                 k = calls.get(u.key, 0)
                 calls[u.key] = k + 1
-                current[u.key] = k // u.stmt.calls if u.stmt else 0
+                current[u.key] = k // u.stmt.calls
             u.key = u.key + (current.get(u.key, 0),)
 
     def _stmt_of_frame(self, frame):
@@ -704,8 +704,9 @@ def _print(expr, resolve, held=lambda e: None) -> Expr:
     def go(e):
         if isinstance(e, sympy.Symbol):
             return Expr(resolve(e))
-        if not e.is_number and held(e) is not None:
-            return Expr(held(e))
+        shape = None if e.is_number else held(e)
+        if shape is not None:
+            return Expr(shape)
         if isinstance(e, sympy.Integer) or e.is_Integer:
             v = int(e)
             return Expr(str(v), ATOM if v >= 0 else oplib.UNARY)

@@ -328,21 +328,29 @@ def _is_inplace(node) -> bool:
 
 
 def _functional_op(node):
-    """The out-of-place ATen overload of an in-place node (add_.Tensor -> add.Tensor)."""
+    """The out-of-place ATen overload of an in-place node: add_.Tensor -> add.Tensor, and where
+    the names differ the one taking the same arguments (normal_ -> normal_functional,
+    bernoulli_.float -> bernoulli.p)."""
     import torch
 
     schema = node.target._schema
     base = schema.name.split("::")[1]
-    if (base, node.target._overloadname) == ("bernoulli_", "float"):  # x.new_empty(s).bernoulli_(p): drop path
-        return torch.ops.aten.bernoulli.p
     name = base[:-1] if base.endswith("_") else base
-    packet = getattr(torch.ops.aten, name, None)
     overload = node.target._overloadname
-    if packet is None or overload not in packet.overloads():  # normal_ -> normal_functional
-        packet = getattr(torch.ops.aten, name + "_functional", None)
-    if packet is None or overload not in packet.overloads():
-        return None
-    return getattr(packet, overload)
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is not None and overload in packet.overloads():
+        return getattr(packet, overload)
+    wanted = _arguments(schema)
+    for packet in (getattr(torch.ops.aten, n, None) for n in (name, name + "_functional")):
+        for candidate in (getattr(packet, o) for o in (packet.overloads() if packet is not None else ())):
+            if _arguments(candidate._schema) == wanted:
+                return candidate
+    return None
+
+
+def _arguments(schema) -> tuple:
+    """(name, type, keyword-only) of each argument: what an overload takes, aliasing aside."""
+    return tuple((a.name, str(a.type), a.kwarg_only) for a in schema.arguments)
 
 
 def functionalize(graph, placeholders) -> dict:

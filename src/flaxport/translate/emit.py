@@ -160,6 +160,11 @@ except ImportError:
 """
 
 
+def calls_native_conv(source: str) -> bool:
+    """Does this file (or its code) call flaxport's native convolution kernels (conv="native")?"""
+    return re.search(r"\bflaxport_conv\.", source) is not None
+
+
 def module_source(plan, header: str, conv: str = "xla") -> str:
     """The whole model.py text; conv="native": convolutions on flaxport's kernels where installed."""
     used = set(plan.helpers) | ({"columns_channels_last"} if plan.flat_weights else set())
@@ -180,7 +185,7 @@ def module_source(plan, header: str, conv: str = "xla") -> str:
         loader = COLUMNS.format(columns=repr(plan.flat_weights)) + loader
     code = "\n\n\n".join(part for part in [runtime, *class_texts, loader.strip()] if part)
     imports = _imports(code)
-    if re.search(r"\bflaxport_conv\.", code):
+    if calls_native_conv(code):
         imports.append(NATIVE_IMPORT)
     text = f'"""{header}"""\n' + "\n".join(imports) + "\n\n\n" + code + "\n"
     text = _strip_runtime_imports(text)

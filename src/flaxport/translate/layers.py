@@ -76,7 +76,8 @@ def _rnn(m):
 
 
 def _rnn_tanh_or_relu(m):
-    return _rnn(m)[:3] + [("nonlinearity", m.nonlinearity, "tanh")] + _rnn(m)[3:]
+    args = _rnn(m)
+    return args[:3] + [("nonlinearity", m.nonlinearity, "tanh")] + args[3:]
 
 
 def _dropout(m):

@@ -100,7 +100,9 @@ def prove(t, module, atol: float = ATOL, rtol: float = RTOL) -> ProofReport:
 
 def _runs_native_kernels(t) -> bool:
     """Whether t's file (conv="native") runs flaxport's kernels here."""
-    if "flaxport_conv." not in t.source:
+    from flaxport.translate.emit import calls_native_conv
+
+    if not calls_native_conv(t.source):
         return False
     from flaxport import kernels
 

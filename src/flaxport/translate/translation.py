@@ -53,7 +53,7 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
     _refuse_parametrizations(module)
     from flaxport.translate.capture import capture
     from flaxport.translate.classes import build_classes
-    from flaxport.translate.emit import module_source
+    from flaxport.translate.emit import calls_native_conv, module_source
     from flaxport.translate.plan import Plan
 
     primary = "train" if module.training else "eval"
@@ -77,7 +77,7 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
         raise UnsupportedOpsError(plan.problems)
     header = _header(module, captures, plan.flat_weights, conv)
     source = module_source(plan, header, conv)
-    if "flaxport_conv." in source:
+    if calls_native_conv(source):
         notes.append(_native_note())
     t = Translation(source, module, plan, primary, args, kwargs, notes)
     if check:

@@ -15,7 +15,8 @@ from flax import nnx
 from jax import lax
 
 from flaxport.translate.runtime.functions import (_channels_first, _channels_last, batch_norm_train, conv,
-                                                  conv_transpose, group_norm, layer_norm)
+                                                  conv_transpose, group_norm, gru_cell, layer_norm, lstm_cell,
+                                                  rnn_cell)
 
 
 class Buffer(nnx.Variable):
@@ -272,12 +273,15 @@ class _RNNBase(nnx.Module):
             x = outs[0] if self.directions == 1 else jnp.concatenate(outs, axis=-1)
         return x, finals
 
-    def _project(self, xt, h, weights):
-        w_ih, w_hh = weights[0], weights[1]
-        gi, gh = xt @ w_ih.T, h @ w_hh.T
-        if self.use_bias:
-            gi, gh = gi + weights[2], gh + weights[3]
-        return gi, gh
+    def __call__(self, x, hx=None):
+        """x (B, T, F) if batch_first else (T, B, F) -> (output, h_n), h_n (num_layers * directions, B, hidden)
+        (GRU, RNN; LSTM's state is (h, c))."""
+        x = jnp.swapaxes(x, 0, 1) if self.batch_first else x
+        n = self.num_layers * self.directions
+        h0 = jnp.zeros((n, x.shape[1], self.hidden_size), x.dtype) if hx is None else hx
+        y, finals = self._run(x, [h0[i] for i in range(n)])
+        y = jnp.swapaxes(y, 0, 1) if self.batch_first else y
+        return y, jnp.stack(finals)
 
 
 class LSTM(_RNNBase):
@@ -295,11 +299,7 @@ class LSTM(_RNNBase):
         return y, (jnp.stack([h for h, _ in finals]), jnp.stack([c for _, c in finals]))
 
     def _cell(self, state, xt, weights):
-        h, c = state
-        gi, gh = self._project(xt, h, weights)
-        i, f, g, o = jnp.split(gi + gh, 4, axis=-1)
-        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        h, c = lstm_cell(xt, state, *weights)
         return (h, c), h
 
 
@@ -308,22 +308,8 @@ class GRU(_RNNBase):
 
     gates = 3
 
-    def __call__(self, x, hx=None):
-        x = jnp.swapaxes(x, 0, 1) if self.batch_first else x
-        n = self.num_layers * self.directions
-        h0 = jnp.zeros((n, x.shape[1], self.hidden_size), x.dtype) if hx is None else hx
-        y, finals = self._run(x, [h0[i] for i in range(n)])
-        y = jnp.swapaxes(y, 0, 1) if self.batch_first else y
-        return y, jnp.stack(finals)
-
     def _cell(self, h, xt, weights):
-        gi, gh = self._project(xt, h, weights)
-        i_r, i_z, i_n = jnp.split(gi, 3, axis=-1)
-        h_r, h_z, h_n = jnp.split(gh, 3, axis=-1)
-        r = jax.nn.sigmoid(i_r + h_r)
-        z = jax.nn.sigmoid(i_z + h_z)
-        n = jnp.tanh(i_n + r * h_n)
-        h = (1 - z) * n + z * h
+        h = gru_cell(xt, h, *weights)
         return h, h
 
 
@@ -337,17 +323,8 @@ class RNN(_RNNBase):
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, rngs=rngs)
         self.nonlinearity = nonlinearity
 
-    def __call__(self, x, hx=None):
-        x = jnp.swapaxes(x, 0, 1) if self.batch_first else x
-        n = self.num_layers * self.directions
-        h0 = jnp.zeros((n, x.shape[1], self.hidden_size), x.dtype) if hx is None else hx
-        y, finals = self._run(x, [h0[i] for i in range(n)])
-        y = jnp.swapaxes(y, 0, 1) if self.batch_first else y
-        return y, jnp.stack(finals)
-
     def _cell(self, h, xt, weights):
-        gi, gh = self._project(xt, h, weights)
-        h = jnp.tanh(gi + gh) if self.nonlinearity == "tanh" else jax.nn.relu(gi + gh)
+        h = rnn_cell(xt, h, *weights, nonlinearity=self.nonlinearity)
         return h, h
 
 
