@@ -71,17 +71,23 @@ def run(args) -> int:
         from flaxport.translate.train_step import parse_loss, parse_optimizer
 
         optimizer, loss = parse_optimizer(args.optimizer), parse_loss(args.loss)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a directory")
+    from flaxport import fileset
+    from flaxport.translate.save import FILES
+
+    out = fileset.check(args.out, FILES, "--out")  # an unusable or foreign folder: refused before any work
+    check_input_memory(args.input, specs)
     module = load_factory(args.factory)
     if args.weights:
         load_weights(module, args.weights)
     module.train(args.train)
     inputs = make_inputs(specs, module, args.seed)
     from flaxport.translate import translate
+    from flaxport.translate.preflight import ForwardError
 
-    t = translate(module, *inputs, layout=args.layout, conv=args.conv)
+    try:
+        t = translate(module, *inputs, layout=args.layout, conv=args.conv)
+    except ForwardError as e:
+        raise UserError(f"--input {' --input '.join(args.input)}: {e}") from e
     if optimizer is not None:
         from flaxport.translate.train_step import write_train_step
 
@@ -97,8 +103,9 @@ def run(args) -> int:
         return 1
     if not t.report.ok:
         first = t.report.first_divergence
-        print(f"flaxport: parity failed: the translation of {first.torch_name!r} computes something else "
-              f"(max |diff| {first.max_abs:.3g}); see {out / 'parity.md'}", file=sys.stderr)
+        why = (f"at {first.torch_name!r}: {first.note}" if "NaN/inf" in first.note else
+               f"the translation of {first.torch_name!r} computes something else (max |diff| {first.max_abs:.3g})")
+        print(f"flaxport: parity failed: {why}; see {out / 'parity.md'}", file=sys.stderr)
         return 1
     return 0
 
@@ -115,7 +122,25 @@ def parse_input(text: str):
         raise UserError(f"--input {text!r}: a shape is comma-separated sizes, e.g. 2,3,32,32") from None
     if not shape or any(s < 1 for s in shape):
         raise UserError(f"--input {text!r}: every size must be at least 1")
+    if any(s >= 2**63 for s in shape):
+        raise UserError(f"--input {text!r}: every size must be below 2**63")
     return shape, dtype
+
+
+def check_input_memory(texts, specs) -> None:
+    """Refuse example inputs that alone need more memory than is free here (before any is made)."""
+    import math
+
+    import numpy as np
+
+    from flaxport.workloads.validate import _bytes, available_bytes
+
+    sizes = [math.prod(shape) * np.dtype("bool" if dtype == "bool" else dtype).itemsize for shape, dtype in specs]
+    free = available_bytes()
+    if free is not None and sum(sizes) > free:
+        worst = max(range(len(sizes)), key=sizes.__getitem__)
+        raise UserError(f"--input {texts[worst]}: the example inputs need {_bytes(sum(sizes))} of memory, "
+                        f"more than the {_bytes(free)} free here; translate needs a small example batch")
 
 
 def load_factory(spec: str):
@@ -136,13 +161,13 @@ def load_factory(spec: str):
             mod = importlib.util.module_from_spec(loader)
             sys.modules[mod_name] = mod
             loader.loader.exec_module(mod)
-        except Exception as e:  # noqa: BLE001 - the user's file: one line, not a traceback
-            raise UserError(f"FACTORY {spec!r}: importing {target} failed: {type(e).__name__}: {_first_line(e)}") from e
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's file: one line, not a traceback
+            raise UserError(f"FACTORY {spec!r}: importing {target} failed: {_what(e)}") from e
     else:
         try:
             mod = importlib.import_module(target)
-        except Exception as e:  # noqa: BLE001
-            raise UserError(f"FACTORY {spec!r}: cannot import {target}: {type(e).__name__}: {_first_line(e)}") from e
+        except (Exception, SystemExit) as e:  # noqa: BLE001
+            raise UserError(f"FACTORY {spec!r}: cannot import {target}: {_what(e)}") from e
     if not hasattr(mod, name):
         raise UserError(f"FACTORY {spec!r}: {target} has no {name!r}")
     obj = getattr(mod, name)
@@ -152,8 +177,8 @@ def load_factory(spec: str):
         raise UserError(f"FACTORY {spec!r}: {name} is neither a function nor an nn.Module")
     try:
         module = obj()
-    except Exception as e:  # noqa: BLE001
-        raise UserError(f"FACTORY {spec!r}: calling {name}() failed: {type(e).__name__}: {_first_line(e)}") from e
+    except (Exception, SystemExit) as e:  # noqa: BLE001
+        raise UserError(f"FACTORY {spec!r}: calling {name}() failed: {_what(e)}") from e
     if not isinstance(module, torch.nn.Module):
         raise UserError(f"FACTORY {spec!r}: {name}() returned a {type(module).__name__}, not a torch.nn.Module")
     return module
@@ -217,6 +242,13 @@ def make_inputs(specs, module, seed: int):
         else:
             out.append(torch.randint(0, high, shape, generator=g, dtype=getattr(torch, dtype)))
     return out
+
+
+def _what(e: BaseException) -> str:
+    """'RuntimeError: needs a GPU', or what a sys.exit() in the user's code said."""
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r}) (a factory returns the module; it must not exit)"
+    return f"{type(e).__name__}: {_first_line(e)}"
 
 
 def _first_line(e) -> str:

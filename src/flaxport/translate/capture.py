@@ -126,7 +126,7 @@ def _quiet():
 
     logger = logging.getLogger("torch")
     level = logger.level
-    logger.setLevel(logging.ERROR)
+    logger.setLevel(logging.CRITICAL + 1)  # its fake-tensor errors log at ERROR, with tracebacks
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
                 warnings.catch_warnings():

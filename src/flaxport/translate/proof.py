@@ -87,8 +87,12 @@ def prove(t, module, atol: float = ATOL, rtol: float = RTOL) -> ProofReport:
         if t.plan.f64 is None:
             notes.append("the model could not be exported in float64; checked in float32")
         return ProofReport(rows32, atol, rtol, [(r.max_abs, r.max_rel) for r in rows32], "float32", notes)
-    f32 = {(r.phase, r.torch_name): (r.max_abs, r.max_rel) for r in rows32}
-    float32 = [f32.get((r.phase, r.torch_name)) for r in rows64]
+    f32 = {(r.phase, r.torch_name): r for r in rows32}
+    float32 = [(r.max_abs, r.max_rel) if (r := f32.get((row.phase, row.torch_name))) else None for row in rows64]
+    for row in rows64:  # a float32 run that overflows is no proof either, whatever float64 says
+        r32 = f32.get((row.phase, row.torch_name))
+        if row.ok and r32 is not None and "NaN/inf" in r32.note:
+            row.ok, row.note = False, f"float32: {r32.note}"
     if _runs_native_kernels(t):
         for row, figure in zip(rows64, float32):
             if row.ok and figure is not None and not figure[1] <= NATIVE_FLOAT32_RTOL:
@@ -192,7 +196,23 @@ def _row(phase, tname, fname, t, f, atol, rtol) -> Row:
         same = bool(np.array_equal(t, f))
         return Row(phase, tname, fname, tuple(f.shape), 0.0 if same else math.inf, 0.0 if same else math.inf, same,
                    "" if same else "integer values differ")
-    return Row(phase, tname, fname, tuple(f.shape), *compare(t, f, atol, rtol))
+    if why := _not_finite(phase, t, f):
+        return Row(phase, tname, fname, tuple(f.shape), math.inf, math.inf, False, why)
+    same_inf = ~np.isfinite(t)  # where both give the same +-inf (an attention mask): compared as equal
+    return Row(phase, tname, fname, tuple(f.shape),
+               *compare(np.where(same_inf, 0.0, t), np.where(same_inf, 0.0, f), atol, rtol))
+
+
+def _not_finite(phase, t, f) -> str:
+    """Why a row's numbers prove nothing (NaN on torch's side, inf in a model output), or where
+    the translation is not finite and torch is; '' when they can be compared."""
+    t_bad, f_bad = ~np.isfinite(t), ~np.isfinite(f)
+    if np.isnan(t).any() or (phase == "output" and t_bad.any()):
+        return (f"torch computes NaN/inf here ({int(t_bad.sum())} of {t.size} values): nothing to compare; "
+                "check the weights and the inputs")
+    if (f_bad != t_bad).any() or (t[t_bad] != f[t_bad]).any():
+        return f"the translation computes NaN/inf where torch does not ({int((f_bad & ~t_bad).sum())} values)"
+    return ""
 
 
 def _frame_values(plan, frame, values) -> list:

@@ -93,6 +93,9 @@ def parse_optimizer(text: str) -> tuple[str, dict]:
         raise TrainStepError(f"--optimizer {text!r}: {name} is not translated (translated: {', '.join(OPTIMIZERS)})"
                              + (f"; the closest optax optimizer is {closest}" if closest else ""))
     kwargs = _kwargs(call, text, "--optimizer")
+    import torch
+
+    _check_literals("--optimizer", text, kwargs, _defaults(getattr(torch.optim, name)))
     make_torch_optimizer(name, kwargs, [_dummy_parameter()])  # torch's own checks of the arguments
     from flaxport.port.optim import optax_from_torch
 
@@ -111,8 +114,41 @@ def make_torch_optimizer(name: str, kwargs: dict, params):
 
     try:
         return getattr(torch.optim, name)(params, **kwargs)
-    except (TypeError, ValueError) as e:
-        raise TrainStepError(f"--optimizer torch.optim.{name}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # noqa: BLE001 - torch's checks of the arguments (TypeError, ValueError, IndexError)
+        raise TrainStepError(f"--optimizer torch.optim.{name}: {(str(e).splitlines() or [type(e).__name__])[0]}") \
+            from None
+
+
+def _defaults(fn) -> dict:
+    """{keyword: default} of a torch function or class."""
+    return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
+
+
+def _check_literals(what: str, text: str, kwargs: dict, defaults: dict) -> None:
+    """Every literal keyword argument shaped like torch's default for it: finite numbers, as
+    many numbers as the default's tuple, True/False for a switch (torch checks some of these
+    only when it steps, and a bare inf would land in the written file)."""
+    for key, value in kwargs.items():
+        why = _unlike(value, defaults.get(key))
+        if why:
+            raise TrainStepError(f"{what} {text!r}: {key}={value!r} {why}")
+
+
+def _unlike(value, default) -> str | None:
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        return "is not a finite number"
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "must be True or False"
+    if number(default) and not number(value):
+        return f"must be a number (like {default!r})"
+    if isinstance(default, tuple) and not (isinstance(value, tuple) and len(value) == len(default)
+                                           and all(number(v) for v in value)):
+        return f"must be a tuple of {len(default)} numbers (like {default!r})"
+    return None
 
 
 @dataclasses.dataclass
@@ -168,7 +204,23 @@ def parse_loss(text: str) -> Loss:
                              f"(options: {', '.join(sorted(allowed))})")
     if isinstance(kwargs.get("weight"), (list, tuple)) or isinstance(kwargs.get("pos_weight"), (list, tuple)):
         raise TrainStepError(f"--loss {text!r}: class weights are tensors; pass the loss from Python instead")
+    _check_literals("--loss", text, kwargs, _defaults(getattr(F, fn_name)))
+    _try_loss(fn_name, kwargs, text)
     return Loss(fn_name, kwargs, text)
+
+
+def _try_loss(fn_name: str, kwargs: dict, text: str) -> None:
+    """torch's own checks of the options (a reduction it does not know, a smoothing above 1):
+    the loss on a tiny example, 2 rows of 3 classes or features."""
+    import torch
+    import torch.nn.functional as F
+
+    target = torch.zeros(2, dtype=torch.long) if fn_name in _CLASS_TARGETS else torch.zeros(2, 3)
+    try:
+        getattr(F, fn_name)(torch.zeros(2, 3), target, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the options the user wrote: one line
+        raise TrainStepError(f"--loss {text!r}: torch refuses these options: {type(e).__name__}: "
+                             f"{(str(e).splitlines() or [''])[0][:200]}") from None
 
 
 def as_optimizer(optimizer) -> tuple[str, dict]:

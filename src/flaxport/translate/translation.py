@@ -37,8 +37,9 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
     updates running statistics and num_batches_tracked as torch does, and dropout draws
     from the model's `dropout` rng stream.
 
-    Raises UnsupportedOpsError (one line per op with no translation), ExportError (the
-    forward could not be captured), TranslateError; all are flaxport UserErrors.
+    Raises ForwardError (torch's own forward fails on the example inputs, naming where),
+    UnsupportedOpsError (one line per op with no translation), ExportError (the forward
+    could not be captured), TranslateError; all are flaxport UserErrors.
     """
     import torch
 
@@ -51,6 +52,9 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
     if not isinstance(module, torch.nn.Module):
         raise TranslateError(f"translate needs a torch.nn.Module, got {type(module).__name__}")
     _refuse_parametrizations(module)
+    from flaxport.translate.preflight import check_forward
+
+    check_forward(module, args, kwargs)  # inputs the model cannot take: named where torch refuses them
     from flaxport.translate.capture import capture
     from flaxport.translate.classes import build_classes
     from flaxport.translate.emit import calls_native_conv, module_source
@@ -287,13 +291,18 @@ class Translation:
     # ------------------------------------------------------------------ files
     def save(self, directory) -> Path:
         """Write model.py, weights.safetensors and parity.md (and train_step.py, when
-        write_train_step made one) into `directory` (created)."""
+        write_train_step made one) as `directory`, as one set (flaxport.fileset): it then
+        holds these files and no others, or, after any failure, what it held before."""
+        from flaxport import fileset
+        from flaxport.translate.save import FILES
+
+        return fileset.write(directory, self._write_files, FILES, what="--out")
+
+    def _write_files(self, directory: Path) -> None:
         import json
 
         from flaxport.translate.save import write_safetensors, write_text
 
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         current = self.state_dict()
         arrays = {}
         for name in self.names:
@@ -309,7 +318,6 @@ class Translation:
         if self.train_step is not None:
             write_text(directory / "train_step.py", self.train_step.source)
         write_text(directory / "parity.md", self.parity_markdown())
-        return directory
 
     def parity_markdown(self) -> str:
         from flaxport.translate.proof import markdown
