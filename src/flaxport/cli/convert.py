@@ -68,8 +68,9 @@ def run(args) -> int:
 
 
 def _torch_to_flax(workload, src: Path, dst: Path, args) -> int:
+    from flaxport import fileset
     from flaxport.harness.store import open_store
-    from flaxport.harness.workdir import claim
+    from flaxport.harness.workdir import write_json
     from flaxport.port.checkpoints import read_torch_file, split_ema, state_from_flat
     from flaxport.port.twins import ema_name
 
@@ -79,14 +80,18 @@ def _torch_to_flax(workload, src: Path, dst: Path, args) -> int:
     config, seed = _config(workload, src, meta, args)
     state, counters = state_from_flat(workload, config, flat)  # every check before anything is written
     identity = {"workload": workload.name, "framework": "jax"}
-    with claim(dst, identity, resume=False, has_checkpoint=lambda w: False) as held:
-        ckpt = open_store("jax", dst / "checkpoints")
+
+    def fill(workdir: Path) -> None:  # the new workdir, written whole beside DST, then renamed into place
+        write_json(workdir / "config.json", {**identity, "config": {**dataclasses.asdict(config), "seed": seed,
+                                                                    "runner": config.runner}})
+        ckpt = open_store("jax", workdir / "checkpoints")
         try:
-            held.commit({**dataclasses.asdict(config), "seed": seed, "runner": config.runner})
             ckpt.save(0, state, {**identity, "variant": config.variant, "seed": seed, "epochs_done": 0,
                                  "converted_from": str(src.resolve()), "torch_num_batches_tracked": counters})
         finally:
             ckpt.close()
+
+    fileset.write(dst, fill)
     ema = ema_name(workload.name)
     extra = {"ema": f"{ema} from {src.name}" if split_ema(flat, workload)[1] else "the weights (none in the file)"
              } if ema else {}

@@ -126,38 +126,50 @@ def _read_safetensors(path, name) -> dict:
 
 def write_torch_file(path, flat: dict, workload) -> Path:
     """Write flat {torch key: array} as .pt (state_dict; {"G", "D"} for the GAN) or .safetensors,
-    atomically (a temporary file renamed into place)."""
+    atomically (a temporary file renamed into place). The file is serialised in memory first,
+    so a write error (a full disk) is the system's own reason, in one UserError line."""
     path, name = Path(path), _name(workload)
     if path.suffix not in FILE_SUFFIXES:
         raise UserError(f"{path}: unknown checkpoint type {path.suffix!r} (use .pt, .pth or .safetensors)")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
-    os.close(fd)
+    blob = _serialise(path.suffix, flat, name)
+    tmp = None
     try:
-        if path.suffix == SAFETENSORS_SUFFIX:
-            from safetensors.numpy import save_file
-
-            save_file({k: np.array(v, order="C") for k, v in flat.items()}, tmp,  # ascontiguousarray makes 0-d 1-d
-                      metadata={"flaxport_workload": name})
-        else:
-            import collections
-
-            import torch
-
-            tensors = collections.OrderedDict((k, torch.from_numpy(np.array(v))) for k, v in flat.items())
-            names, ema = part_names(name), ema_name(name)
-            if len(names) > 1:  # {"G": state_dict, "D": state_dict}: what G.load_state_dict(ckpt["G"]) takes
-                tensors = {n: collections.OrderedDict((k[len(n) + 1:], v) for k, v in tensors.items()
-                                                      if k.startswith(n + ".")) for n in names}
-            elif ema is not None and any(k.startswith(ema + ".") for k in tensors):
-                main, ema_sd = split_ema(tensors, name)  # {"model": sd, "ema_model": sd}, as TorchDDIM keeps them
-                tensors = {"model": collections.OrderedDict(main), ema: collections.OrderedDict(ema_sd)}
-            torch.save(tensors, tmp)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror or e}") from e
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     return path
+
+
+def _serialise(suffix: str, flat: dict, name: str) -> bytes:
+    if suffix == SAFETENSORS_SUFFIX:
+        from safetensors.numpy import save
+
+        return save({k: np.array(v, order="C") for k, v in flat.items()},  # ascontiguousarray makes 0-d 1-d
+                    metadata={"flaxport_workload": name})
+    import collections
+    import io
+
+    import torch
+
+    tensors = collections.OrderedDict((k, torch.from_numpy(np.array(v))) for k, v in flat.items())
+    names, ema = part_names(name), ema_name(name)
+    if len(names) > 1:  # {"G": state_dict, "D": state_dict}: what G.load_state_dict(ckpt["G"]) takes
+        tensors = {n: collections.OrderedDict((k[len(n) + 1:], v) for k, v in tensors.items()
+                                              if k.startswith(n + ".")) for n in names}
+    elif ema is not None and any(k.startswith(ema + ".") for k in tensors):
+        main, ema_sd = split_ema(tensors, name)  # {"model": sd, "ema_model": sd}, as TorchDDIM keeps them
+        tensors = {"model": collections.OrderedDict(main), ema: collections.OrderedDict(ema_sd)}
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    return buffer.getvalue()
 
 
 # --------------------------------------------------------------------------- state <-> flat
