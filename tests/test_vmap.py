@@ -135,6 +135,14 @@ def test_a_diverging_member_is_dropped_and_the_others_finish(vae_stack):
     (["--sweep", "g_lr=1e-4,0.0001"], ["--sweep g_lr: '0.0001' is listed twice"]),
     (["--seeds", "2", "--framework", "torch"], ["--seeds/--sweep train one vectorised JAX program"]),
     (["--seeds", "1000000"], ["1000000 members need about", "GiB free; train fewer members at once"]),
+    # the values --set refuses, --sweep refuses too (a member would train a config evaluate refuses)
+    (["--sweep", "d_lr=-1e-3,1e-3"], ["--sweep d_lr=-1e-3: d_lr must be a finite number >= 0, got -0.001"]),
+    (["--sweep", "b2=0.9,1.5"], ["--sweep b2=1.5: b2 must be a number in [0, 1)"]),
+    (["--sweep", "bn_momentum=1.5"], ["--sweep bn_momentum=1.5: bn_momentum must be a number from 0 to 1"]),
+    (["--sweep", "adam_eps=-1"], ["--sweep adam_eps=-1: adam_eps must be a finite number >= 0, got -1.0"]),
+    (["--sweep", "b1=-0.5"], ["--sweep b1=-0.5: b1 must be a number in [0, 1)"]),
+    (["--seeds", "2", "--seed", str(2**63 - 1)], [f"--seed {2**63 - 1} with --seeds 2: the last seed, {2**63}, is "
+                                                  "past 2**63 - 1"]),
 ])
 def test_bad_stacks_are_refused_in_one_line_before_anything_is_written(args, needles, tmp_path, capsys):
     work = tmp_path / "w"
@@ -256,3 +264,24 @@ def test_a_damaged_stack_checkpoint_falls_back_and_retrains_to_the_same_bits(gan
     assert_same_state(jax_state(gan_stack, 3), jax_state(work, 3))  # epoch 3 trained again, to the same bits
     for name in GAN_MEMBERS:
         assert strip(records(work / name)) == strip(records(gan_stack / name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("epochs", [3, 4])
+def test_a_deleted_member_comes_back_whole_when_the_stack_resumes(gan_stack, tmp_path, capsys, epochs):
+    """A finished stack resumed with nothing to train (3) or one more epoch (4): the member whose
+    folder was deleted gets its config.json and every metrics record back, and a checkpoint."""
+    import shutil
+
+    work = tmp_path / "stack"
+    shutil.copytree(gan_stack, work)
+    lost = work / GAN_MEMBERS[1]
+    kept = {k: v for k, v in _files(lost).items() if k in ("config.json", "metrics.jsonl")}
+    shutil.rmtree(lost)
+    code, _, err = _cli([*GAN_ARGS, "--workdir", work, "--resume", "--epochs", epochs], capsys)
+    assert code == 0, err
+    assert (lost / "config.json").read_bytes() == kept["config.json"]
+    assert records(lost)[:3] == [json.loads(line) for line in kept["metrics.jsonl"].decode().splitlines()]
+    assert [r["epoch"] for r in records(lost)] == list(range(1, epochs + 1))
+    code, out, err = _cli(["evaluate", "gan", "--workdir", lost], capsys)
+    assert code == 0 and json.loads(out)["epochs_done"] == epochs, err

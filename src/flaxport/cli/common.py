@@ -97,6 +97,16 @@ def check_seed(seed, flag: str = "--seed") -> int:
     return check(seed, flag)
 
 
+def check_seeds(seed, count) -> None:
+    """The last of `count` seeds from `seed` (SEED..SEED+count-1) is a seed too; else one UserError."""
+    from flaxport.workloads.validate import SEED_LIMIT
+
+    check_seed(seed)
+    if count is not None and count > 1 and seed + count - 1 >= SEED_LIMIT:
+        raise UserError(f"--seed {seed} with --seeds {count}: the last seed, {seed + count - 1}, is past 2**63 - 1; "
+                        f"choose --seed {SEED_LIMIT - count} or lower")
+
+
 def check_memory(workload_name: str, config, context: str = "") -> None:
     """Refuse a config that cannot fit in the memory free here (flaxport.workloads.validate)."""
     from flaxport.workloads.validate import check_memory as check

@@ -1,6 +1,7 @@
 """`train --seeds K` / `--sweep KEY=V1,V2`: the command-line side of harness.vmap (not a subcommand)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def check_flags(args) -> None:
     """Refusals that need neither JAX nor data."""
     if args.seeds is not None and args.seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {args.seeds}")
+    common.check_seeds(args.seed, args.seeds)
     if args.framework != "jax":
         raise UserError(f"--seeds/--sweep train one vectorised JAX program; --framework {args.framework} trains "
                         "one run (compare --seeds runs torch-vmap)")
@@ -36,6 +38,18 @@ def check_flags(args) -> None:
         raise UserError("--seeds/--sweep train on one device in one process (no --devices/multi-process flags)")
 
 
+def check_members(config, sweep: list, members: list) -> None:
+    """Every swept value, then every member's config, through the validator --set goes
+    through (flaxport.workloads.validate): a member is refused before it could train."""
+    from flaxport.workloads import validate
+
+    for key, values in sweep:
+        for raw, value in values:
+            validate.check(dataclasses.replace(config, **{key: value}), f"--sweep {key}={raw}", blame={key})
+    for m in members:
+        validate.check(dataclasses.replace(config, **m.settings), f"--sweep member {m.name}", blame=set(m.settings))
+
+
 def run(args, workload, config) -> int:
     from flaxport.bench import sweep as sweep_report
     from flaxport.harness import vmap
@@ -43,6 +57,7 @@ def run(args, workload, config) -> int:
     from flaxport.harness.metrics import steps_per_epoch
 
     sweep = vmap.parse_sweep(config, args.sweep)
+    check_members(config, sweep, vmap.plan(args.seed, args.seeds, sweep))
     workdir = args.workdir or common.default_workdir(workload.name, "jax", config.variant, "stack")
     data = common.load_data(workload, config, args)
     config = workload.configure(config, data) if workload.configure else config

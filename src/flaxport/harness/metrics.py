@@ -47,7 +47,7 @@ class MetricsWriter:
     def write(self, record: dict) -> None:
         try:
             with self.path.open("a") as f:
-                f.write(json.dumps(record, default=_plain) + "\n")
+                f.write(json.dumps(record, default=plain) + "\n")
         except OSError as e:  # a full disk or a workdir gone read-only: one line, not a traceback
             from flaxport.errors import UserError
 
@@ -62,7 +62,8 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _plain(o):
+def plain(o):
+    """A NumPy value as JSON takes it (a list or number), else its text."""
     return o.tolist() if hasattr(o, "tolist") else str(o)
 
 

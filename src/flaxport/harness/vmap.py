@@ -29,6 +29,7 @@ its last good epoch); its slot trains on from its initial state, ignored.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -44,10 +45,10 @@ from flaxport.errors import TrainingDiverged, UserError
 from flaxport.harness import rng
 from flaxport.harness.epoch import epoch_batches, step_key
 from flaxport.harness.loop import RunResult
-from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
+from flaxport.harness.metrics import EpochLog, info, plain, steps_per_epoch
 from flaxport.harness.progress import EpochProgress
 from flaxport.harness.store import open_store
-from flaxport.harness.workdir import claim
+from flaxport.harness.workdir import claim, write_text
 
 NAME = "jax-vmap"
 
@@ -74,7 +75,8 @@ def parse_sweep(config, items: list) -> list:
 
     Refused with one line: a key that is not a field, a field that changes shapes or the
     program (sizes, widths, switches, data), a value that is not a finite number, an
-    empty or repeated value, a key given twice.
+    empty or repeated value, a key given twice. (The field's own rule, as for --set, is
+    the caller's: cli/stack.py.)
     """
     workload = type(config).__module__.split(".")[-2]
     allowed = sweepable(config)
@@ -373,6 +375,7 @@ def _train_claimed(workload, config, members, configs, saved_configs, runner, co
     meta = {**identity, "variant": config.variant, "members": [m.name for m in members],
             "seeds": [m.seed for m in members]}
     dropped: dict = {}  # member name -> why
+    records: dict = {}  # member name -> its metrics.jsonl records so far (in the stack's checkpoint)
 
     ckpt = open_store("jax", workdir / "checkpoints") if checkpoints else None
     logs = []
@@ -382,10 +385,14 @@ def _train_claimed(workload, config, members, configs, saved_configs, runner, co
             state, saved = ckpt.restore(state, meta)  # refuses another stack's checkpoint: nothing written yet
             start = int(saved["epochs_done"])
             dropped = dict(saved.get("dropped", {}))
-        if start < epochs:  # every check passed: from here on the stack changes its workdirs
-            held[0].commit(None)  # the stack's own folder holds no config.json (that marks a single run)
-            for h, c in zip(held[1:], saved_configs):
+            records = {m: list(r) for m, r in saved.get("records", {}).items()}
+        # Every check passed: from here on the stack changes its workdirs. A finished stack
+        # only puts back what a member lost (its folder deleted): config.json, its records.
+        for h, c, d in zip(held[1:], saved_configs, dirs):
+            if start < epochs or not (d / "config.json").exists():
                 h.commit(c)
+        if start < epochs:
+            held[0].commit(None)  # the stack's own folder holds no config.json (that marks a single run)
             if ckpt is not None:
                 ckpt.clean_leftovers()
                 for moved in ckpt.set_aside_damaged():
@@ -395,6 +402,8 @@ def _train_claimed(workload, config, members, configs, saved_configs, runner, co
         if start >= epochs and not quiet:
             info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
         data_dev = jax.device_put(data.train)
+        for m, d in zip(members, dirs):
+            _restore_records(d, records.get(m.name, []), start)
         logs = [EpochLog(d, steps, start, progress=False, quiet=True) for d in dirs]
         bar = EpochProgress(steps, enabled=progress and not quiet)
         qualities, artifacts = [{} for _ in members], [{} for _ in members]
@@ -437,7 +446,9 @@ def _train_claimed(workload, config, members, configs, saved_configs, runner, co
             if not quiet:
                 info(_console_line(epoch, epochs, members, logs, dropped, seconds))
             if ckpt is not None:
-                ckpt.save(epoch + 1, state, {**meta, "epochs_done": epoch + 1, "dropped": dropped},
+                now = {m.name: records.get(m.name, []) + log.history for m, log in zip(members, logs)}
+                ckpt.save(epoch + 1, state, {**meta, "epochs_done": epoch + 1, "dropped": dropped,
+                                             "records": json.loads(json.dumps(now, default=plain))},
                           step=(epoch + 1) * steps)
     finally:
         for log in logs:
@@ -464,6 +475,21 @@ def _train_claimed(workload, config, members, configs, saved_configs, runner, co
                                  qualities[i] if alive else {}, logs[i].history if logs else [],
                                  members_now[i], artifacts[i], settings))
     return results
+
+
+def _restore_records(workdir: Path, records: list, epochs_done: int) -> None:
+    """A member's metrics.jsonl made whole from the stack's saved records of its first
+    `epochs_done` epochs, when some are missing (its folder was deleted)."""
+    path = workdir / "metrics.jsonl"
+    have = set()
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            have.add(json.loads(line).get("epoch"))
+        except (ValueError, AttributeError):
+            continue  # a line cut by a crash: MetricsWriter drops it
+    want = [r for r in records if r["epoch"] <= epochs_done]
+    if {r["epoch"] for r in want} - have:
+        write_text(path, "".join(json.dumps(r) + "\n" for r in want))
 
 
 def _evaluate(workload, config, state, data, keys):
