@@ -129,5 +129,5 @@ def test_compare_never_deletes_a_folder_that_is_not_a_run(cli, tmp_path):
     mine.mkdir(parents=True)
     (mine / "notes.txt").write_text("mine")
     _one_line_error(cli("compare", "gan", "--config", "smoke", "--epochs", "1", "--runs", "jax-scan",
-                        "--workdir", tmp_path / "cmp"), "not a flaxport run")
+                        "--workdir", tmp_path / "cmp"), "no earlier comparison here made")
     assert (mine / "notes.txt").read_text() == "mine"

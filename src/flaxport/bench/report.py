@@ -12,7 +12,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from flaxport.harness.workdir import write_json
+from flaxport.harness.workdir import write_json, write_text
 
 BASELINE = "torch-eager"
 
@@ -204,4 +204,4 @@ def write(workdir, rep: dict) -> None:
         pics.insert(0, Path("compare.png"))
     if pics:
         md += "\n" + "\n".join(f"![{p.parent if p.parent.name else p.stem}]({p})" for p in pics) + "\n"
-    (workdir / "report.md").write_text(md)
+    write_text(workdir / "report.md", md)

@@ -28,7 +28,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from flaxport.bench import figure, report
+    from flaxport.bench import figure, ownership, report
 
     workload, config = common.workload_and_config(args)
     available = [r for r in RUNS if (r != "keras-jax" or workload.keras_twin) and (r != "torch-vmap" or _torch_vmap(workload))]
@@ -42,6 +42,7 @@ def run(args) -> int:
         raise UserError(f"the keras-jax run needs Keras on JAX, but KERAS_BACKEND={os.environ['KERAS_BACKEND']}")
     if args.seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {args.seeds}")
+    common.check_seeds(args.seed, args.seeds)
     sequential = args.seeds if args.sequential_seeds is None else args.sequential_seeds
     if not 1 <= sequential <= args.seeds:
         raise UserError(f"--sequential-seeds must be 1 to --seeds ({args.seeds}), got {sequential}")
@@ -57,20 +58,41 @@ def run(args) -> int:
 
         vmap.check_memory(workload, config, args.seeds, data, steps_per_epoch(data, config.batch_size))
         members = vmap.plan(args.seed, args.seeds, [])
-    results = []
+    plan = []  # (run name, its seeds, its folder)
     for name in runs:
         if name in VECTORISED:
-            info(f"-- {name} (seeds {seeds[0]}-{seeds[-1]} as one program)")
-            results += _run_vectorised(name, workload, config, workdir / name, seeds, members, args.epochs, data, args)
+            plan.append((name, seeds, workdir / name))
             continue
         # With --sequential-seeds the one-seed-at-a-time runs time a subset, torch-eager one seed.
         for seed in seeds[:1 if name == "torch-eager" and args.sequential_seeds else sequential]:
-            run_dir = workdir / (name if args.seeds == 1 else f"{name}-seed{seed}")
-            info(f"-- {name} (seed {seed})")
-            results.append((seed, _run_one(name, workload, config, run_dir, seed, args.epochs, data, args)))
-    rep = report.build(workload, config, args.epochs, results)
-    figure.write(workdir / "compare.png", workload, config, rep, results)
-    report.write(workdir, rep)
+            plan.append((name, [seed], workdir / (name if args.seeds == 1 else f"{name}-seed{seed}")))
+    held = _claim(workdir)
+    try:
+        made = ownership.recorded(workdir)
+        for _, _, folder in plan:  # every folder it would replace is an earlier comparison's: checked first
+            ownership.check(folder, made)
+        held.commit(None)  # the comparison's folder holds no config.json (that marks a single run)
+        made = {**{k: v for k, v in made.items() if (workdir / k).exists()}, **{f.name: None for _, _, f in plan}}
+        ownership.record(workdir, made)
+        for path in (workdir / "report.md", workdir / "compare.png"):  # the earlier comparison's, being re-made
+            path.unlink(missing_ok=True)
+        results = []
+        for name, run_seeds, folder in plan:
+            ownership.remove(folder, made)
+            if name in VECTORISED:
+                info(f"-- {name} (seeds {seeds[0]}-{seeds[-1]} as one program)")
+                results += _run_vectorised(name, workload, config, folder, seeds, members, args.epochs, data, args)
+            else:
+                info(f"-- {name} (seed {run_seeds[0]})")
+                results.append((run_seeds[0], _run_one(name, workload, config, folder, run_seeds[0], args.epochs,
+                                                       data, args)))
+            made[folder.name] = ownership.digest(folder)
+            ownership.record(workdir, made)
+        rep = {**report.build(workload, config, args.epochs, results), "made": made}
+        figure.write(workdir / "compare.png", workload, config, rep, results)
+        report.write(workdir, rep)
+    finally:
+        held.release()
     print(report.to_markdown(rep))
     info(f"wrote {workdir / 'report.md'}, {workdir / 'report.json'} and {workdir / 'compare.png'}")
     return 0
@@ -82,25 +104,21 @@ def _torch_vmap(workload) -> bool:
     return importlib.util.find_spec(f"{workload.torch_twin}_vmap") is not None
 
 
-def _clear(run_dir: Path, members: bool = False) -> None:
-    """A comparison is re-run from scratch, but only a previous run's folder is removed
-    (for a vectorised run: a folder of member runs)."""
-    if not run_dir.exists():
-        return
-    if members:
-        ok = all(p.is_dir() and (p / "config.json").exists() for p in run_dir.iterdir())
-    else:
-        ok = not any(run_dir.iterdir()) or (run_dir / "config.json").exists()
-    if not ok:
-        raise UserError(f"{run_dir} exists and is not a flaxport run; choose another --workdir")
-    import shutil
+def _claim(workdir: Path):
+    """The comparison's workdir, locked (a training or another comparison there is named);
+    a single run's or a stack's workdir is refused. Nothing is written."""
+    from flaxport.harness.workdir import claim
 
-    shutil.rmtree(run_dir)
+    held = claim(workdir, {}, resume=True, has_checkpoint=lambda w: False)
+    for marker, what in (("config.json", "a single run"), ("checkpoints", "a stack of runs")):
+        if (workdir / marker).exists():
+            held.release()
+            raise UserError(f"workdir {workdir} holds {what} ({marker}); choose another --workdir for a comparison")
+    return held
 
 
 def _run_vectorised(name, workload, config, run_dir, seeds, members, epochs, data, args) -> list:
     """[(seed, RunResult)] of every member of one vectorised run (one workdir each: run_dir/seedS)."""
-    _clear(run_dir, members=True)
     if name == "jax-vmap":
         from flaxport.harness import vmap
 
@@ -117,7 +135,6 @@ def _run_vectorised(name, workload, config, run_dir, seeds, members, epochs, dat
 def _run_one(name, workload, config, run_dir, seed, epochs, data, args):
     kw = dict(workdir=run_dir, seed=seed, epochs=epochs, data=data, checkpoints=False,
               progress=not args.no_progress, resume=False)
-    _clear(run_dir)
     if name == "keras-jax":
         from flaxport.harness import keras_loop
 
