@@ -464,3 +464,118 @@ def test_sample_into_a_read_only_workdir_is_one_line(trained, tmp_path):
         pytest.skip(f"no mount namespace here: {proc.stderr.strip()}")
     run.chmod(0o755)
     _one_line(proc.returncode, proc.stderr, f"cannot write pictures to {run}", "read-only")
+
+
+# --------------------------------------------------------------------------- compare never deletes another run
+
+def _compare(capsys, workdir, *extra):
+    return _run(capsys, "compare", "gan", *GAN, "--epochs", "1", "--runs", "jax-step", "--workdir", workdir, *extra)
+
+
+def test_compare_never_removes_a_finished_training_at_a_runs_place(copy, capsys, tmp_path):
+    work = tmp_path / "cmp"
+    work.mkdir()
+    shutil.copytree(copy("jax"), work / "jax-step")  # a finished training (two checkpoints) at the run's place
+    before = _files(work)
+    rc, _, err = _compare(capsys, work)
+    _one_line(rc, err, f"{work / 'jax-step'} holds a run or files that no earlier comparison here made")
+    assert _files(work) == before
+
+
+@pytest.mark.slow
+def test_compare_replaces_its_own_earlier_runs_and_no_other(capsys, tmp_path):
+    """The comparison's own earlier run is replaced (report.json says it made it); once a training
+    took its folder over, or while a training holds the folder or the workdir, it is refused."""
+    from flaxport.harness.workdir import claim
+
+    work = tmp_path / "cmp"
+    rc, _, err = _compare(capsys, work)
+    assert rc == 0, err
+    made = json.loads((work / "report.json").read_text())["made"]
+    assert list(made) == ["jax-step"] and made["jax-step"] is not None
+    rc, _, err = _compare(capsys, work)  # again: its own run is replaced
+    assert rc == 0, err
+
+    # A training that takes the comparison's folder over (it kept no checkpoints) is its own from then on.
+    rc, _, err = _train(capsys, "jax", work / "jax-step", "--epochs", "1")
+    assert rc == 0, err
+    before = _files(work)
+    rc, _, err = _compare(capsys, work)
+    _one_line(rc, err, "holds checkpoints", "which a comparison never keeps: another run trained there")
+    assert _files(work) == before
+
+    # A training holding the comparison's folder, or its workdir: named, nothing touched.
+    shutil.rmtree(work / "jax-step" / "checkpoints")
+    for held_dir in (work / "jax-step", work):
+        held = claim(held_dir, {}, resume=True, has_checkpoint=lambda w: False)
+        try:
+            before = _files(work)
+            rc, _, err = _compare(capsys, work)
+            _one_line(rc, err, f"workdir {held_dir} is in use by this process ({os.getpid()})")
+            assert _files(work) == before
+        finally:
+            held.release()
+
+
+def test_compare_refuses_a_single_runs_workdir(copy, capsys):
+    run = copy("torch")
+    before = _files(run)
+    rc, _, err = _compare(capsys, run)
+    _one_line(rc, err, f"workdir {run} holds a single run (config.json); choose another --workdir")
+    assert _files(run) == before
+
+
+def test_a_workdir_name_too_long_for_the_file_system_is_one_line(capsys, tmp_path):
+    rc, _, err = _train(capsys, "torch", tmp_path / ("w" * 300), "--epochs", "1")
+    _one_line(rc, err, "is not writable: File name too long")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dst", ["out.pt", "out.safetensors", "workdir"])
+def test_convert_onto_a_full_disk_is_one_line_and_leaves_nothing(trained, tmp_path, dst):
+    src = trained["jax"] if dst != "workdir" else trained["torch"] / "checkpoints" / "epoch_2.pt"
+    out = tmp_path / "out" / dst
+    out.parent.mkdir()
+    proc = subprocess.run(_python_flaxport("convert", "gan", src, out), capture_output=True, text=True,
+                          preexec_fn=_fsize_limited(3000), timeout=600)
+    _one_line(proc.returncode, proc.stderr, "cannot write", str(out), "File too large")
+    assert list(out.parent.iterdir()) == []  # no half-written file or workdir, no temporary one
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_swallowed_by_a_gc_callback_still_ends_the_command_as_interrupted(tmp_path):
+    """Fault injected: a Ctrl-C landing in a garbage-collector callback (as in XLA's) as a
+    command ends; Python prints "Exception ignored" there and would exit 0."""
+    code = ("import gc, sys\n"
+            "from flaxport import cli\n"
+            "def env_run(args):\n"
+            "    def callback(phase, info):\n"
+            "        gc.callbacks.remove(callback)\n"
+            "        raise KeyboardInterrupt\n"
+            "    gc.callbacks.append(callback)\n"
+            "    gc.collect()\n"
+            "    return 0\n"
+            "import flaxport.cli.env as env\n"
+            "env.run = env_run\n"
+            "sys.argv = ['flaxport', 'env']\n"
+            "sys.exit(cli.main())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 130 and proc.stderr.strip().splitlines() == ["flaxport: interrupted"], proc.stderr
+
+
+@pytest.mark.slow
+def test_nothing_is_printed_after_the_one_line_when_a_background_thread_fails_late(tmp_path):
+    """Fault injected: what Orbax's write threads do after a full disk (a traceback as the process ends)."""
+    code = ("import atexit, sys, threading, time\n"
+            "from flaxport import cli\n"
+            "from flaxport.errors import UserError\n"
+            "def env_run(args):\n"
+            "    atexit.register(lambda: print('Traceback (most recent call last): late', file=sys.stderr))\n"
+            "    raise UserError('cannot write checkpoint 3 in RUN/checkpoints: No space left on device')\n"
+            "import flaxport.cli.env as env\n"
+            "env.run = env_run\n"
+            "sys.argv = ['flaxport', 'env']\n"
+            "sys.exit(cli.main())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "flaxport: error: cannot write checkpoint 3 in RUN/checkpoints: No space left on device"], proc.stderr

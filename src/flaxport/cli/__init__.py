@@ -6,6 +6,8 @@ the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 
 from flaxport.errors import UserError
@@ -32,34 +34,79 @@ def build_parser() -> Parser:
 
 
 def main(argv=None) -> int:
+    """Run `flaxport ARGV` (None: this process's command line, and this process is the command:
+    after its last line on stderr nothing more is printed, whatever fails late in a background
+    thread as the process ends). Returns the exit code."""
+    process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
+    with _interrupts_kept() as interrupted:
+        code, last = _run(argv, debug)
+        if interrupted and code == 0:  # a Ctrl-C that landed where Python could not raise it
+            code, last = 130, "flaxport: interrupted"
+    if last:
+        print(last, file=sys.stderr)
+        if process and not debug:
+            _mute_stderr()
+    return code
+
+
+def _run(argv: list, debug: bool) -> tuple:
+    """(exit code, the error line to print or None)."""
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
-            return 2
-        return int(args.run(args) or 0)
+            return 2, None
+        return int(args.run(args) or 0), None
     except UserError as e:
         if debug:
             raise
-        print(f"flaxport: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return e.exit_code, f"flaxport: error: {e}"
     except KeyboardInterrupt:
-        print("flaxport: interrupted", file=sys.stderr)
-        return 130
+        return 130, "flaxport: interrupted"
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
         if debug:
             raise
         first = (str(e).strip().splitlines() or [""])[0][:300]
         if _out_of_memory(e):  # what the memory estimate let through (it refuses only certain failures)
-            print(f"flaxport: error: out of memory: {first}; lower the sizes (batch_size, --n, widths)",
-                  file=sys.stderr)
-            return UserError.exit_code
-        print(f"flaxport: internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
-              file=sys.stderr)
-        return 1
+            return UserError.exit_code, (f"flaxport: error: out of memory: {first}; "
+                                         "lower the sizes (batch_size, --n, widths)")
+        return 1, f"flaxport: internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)"
+
+
+@contextlib.contextmanager
+def _interrupts_kept():
+    """A list that holds True once a Ctrl-C was swallowed: one landing in a garbage-collector
+    callback (XLA has one) cannot be raised, and Python would only print "Exception ignored"
+    and go on to exit 0."""
+    seen, previous = [], sys.unraisablehook
+
+    def hook(unraisable):
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            seen.append(True)
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield seen
+    finally:
+        sys.unraisablehook = previous
+
+
+def _mute_stderr() -> None:
+    """Point stderr at /dev/null once the last line is out: what Orbax's or XLA's threads
+    print as a failed process ends (a traceback of the write that already failed) would
+    follow the one line."""
+    sys.stderr.flush()
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    except OSError:
+        pass
 
 
 def _out_of_memory(e: Exception) -> bool:

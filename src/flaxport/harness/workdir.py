@@ -136,8 +136,8 @@ def claim(workdir, identity: dict, *, resume: bool, has_checkpoint, write: bool 
     workdir = Path(workdir)
     made = None
     if write:
-        made = _first_missing(workdir)
         try:
+            made = _first_missing(workdir)  # inside: a name too long for the file system fails here
             workdir.mkdir(parents=True, exist_ok=True)
             probe = tempfile.NamedTemporaryFile(dir=workdir, prefix=".write-test-")
             probe.close()
