@@ -192,6 +192,8 @@ def test_user_errors_are_one_line_each(models, tmp_path, capsys):
          "`h = self.blocks(self.stem(x))`, in stem (Conv2d(3, 8, kernel_size=(3, 3)"),
         ([f"{models}:net", "--input", "2,3,16,16", "--out", tmp_path / "o", "--conv", "cudnn"],
          "argument --conv: invalid choice: 'cudnn'"),
+        ([f"{models}:net", "--input", "2,3,16,16", "--out", tmp_path / "o", "--seed", str(2**70)],
+         "--seed must be a whole number from 0 to 2**63 - 1"),
         ([f"{models}:normed", "--input", "2,2,9", "--out", tmp_path / "o"],
          "0.weight: parametrized (spectral_norm, orthogonal, ...), which has no translation (weight_norm has); "
          "fold it into a plain weight first with torch.nn.utils.parametrize.remove_parametrizations"),

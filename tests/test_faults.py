@@ -495,6 +495,11 @@ def test_compare_replaces_its_own_earlier_runs_and_no_other(capsys, tmp_path):
     assert list(made) == ["jax-step"] and made["jax-step"] is not None
     rc, _, err = _compare(capsys, work)  # again: its own run is replaced
     assert rc == 0, err
+    (work / "jax-step" / "notes.txt").write_text("mine")  # a file of the user's in the comparison's run
+    rc, _, err = _compare(capsys, work)
+    _one_line(rc, err, "has changed since the comparison wrote it")
+    assert (work / "jax-step" / "notes.txt").read_text() == "mine"
+    (work / "jax-step" / "notes.txt").unlink()
 
     # A training that takes the comparison's folder over (it kept no checkpoints) is its own from then on.
     rc, _, err = _train(capsys, "jax", work / "jax-step", "--epochs", "1")
@@ -517,12 +522,17 @@ def test_compare_replaces_its_own_earlier_runs_and_no_other(capsys, tmp_path):
             held.release()
 
 
-def test_compare_refuses_a_single_runs_workdir(copy, capsys):
+def test_compare_refuses_a_single_runs_workdir_and_a_file_where_its_run_goes(copy, capsys, tmp_path):
     run = copy("torch")
     before = _files(run)
     rc, _, err = _compare(capsys, run)
     _one_line(rc, err, f"workdir {run} holds a single run (config.json); choose another --workdir")
     assert _files(run) == before
+    (tmp_path / "cmp").mkdir()
+    (tmp_path / "cmp" / "jax-step").write_text("mine")
+    rc, _, err = _compare(capsys, tmp_path / "cmp")
+    _one_line(rc, err, "jax-step is a file or a link where the comparison's run folder goes")
+    assert (tmp_path / "cmp" / "jax-step").read_text() == "mine"
 
 
 def test_a_workdir_name_too_long_for_the_file_system_is_one_line(capsys, tmp_path):

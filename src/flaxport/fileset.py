@@ -39,23 +39,24 @@ def check(directory, names=(), what: str = "") -> Path:
     anything but an earlier set of `names`, a place that cannot be written."""
     label = f"{what} {directory}".strip()
     try:
-        directory = _real(Path(directory))
+        directory = _real(Path(os.path.abspath(directory)))  # "." has a parent to write beside
         for parent in reversed(directory.parents):
             if parent.exists() and not parent.is_dir():
                 raise UserError(f"cannot write {label}: {parent} is a file, not a folder")
         if directory.exists() and not directory.is_dir():
             raise UserError(f"cannot write {label}: it exists and is not a folder")
         foreign = _foreign(directory, names) if directory.is_dir() else []
-        existing = next(p for p in [directory, *directory.parents] if p.exists())
-        writable = os.access(existing if existing != directory else directory.parent, os.W_OK)
     except OSError as e:
         raise UserError(f"cannot write {label}: {e.strerror or e}") from e
     if foreign:
         raise UserError(f"cannot write {label}: it holds files that are not an earlier output "
                         f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
                         "choose a new or empty folder")
-    if not writable:
-        raise UserError(f"cannot write {label}: {existing} is not writable")
+    beside = next((p for p in directory.parents if p.exists()), directory)  # where the new set is written first
+    try:
+        tempfile.TemporaryFile(dir=beside).close()
+    except OSError as e:
+        raise UserError(f"cannot write {label}: {beside} is not writable ({e.strerror or e})") from e
     return directory
 
 
@@ -66,8 +67,8 @@ def write(directory, fill, names=(), what: str = "") -> Path:
     holding others is refused). A write error is one UserError line naming the folder,
     with the earlier set kept and no temporary folder left; any other error from `fill`
     propagates after the temporary folder is removed."""
-    directory = check(directory, names, what)
     label = f"{what} {directory}".strip()
+    directory = check(directory, names, what)
     existed = directory.exists()
     made = _first_missing(directory.parent)
     tmp = None

@@ -2,10 +2,10 @@
 
 `compare` is re-run from scratch, so it removes the run folders an earlier comparison
 made there, and nothing else: a folder is removed only when the workdir's report.json
-lists it (`made`: {folder name: digest of its config.json files}), it holds no
-checkpoints (a comparison keeps none) and its config.json files are still the ones the
-comparison wrote (another run has not taken it over since). The folder is locked while
-it is checked and removed, so a training that holds it is named and never touched.
+lists it (`made`: {folder name: digest of every file in it}), it holds no checkpoints (a
+comparison keeps none) and its files are still the ones the comparison left (no run took
+it over since, no file was added). The folder is locked while it is checked and removed,
+so a training that holds it is named and never touched.
 """
 from __future__ import annotations
 
@@ -33,20 +33,22 @@ def recorded(workdir) -> dict:
 
 
 def digest(folder) -> str:
-    """BLAKE2b of every config.json in `folder` and its member folders (a vectorised run's)."""
+    """BLAKE2b of every file in `folder` (paths and bytes): the folder as the comparison left it."""
     folder = Path(folder)
     h = hashlib.blake2b(digest_size=16)
-    for path in sorted([folder / "config.json", *folder.glob("*/config.json")]):
-        if path.is_file():
-            h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
 def check(folder, made: dict) -> None:
     """Refuse (one UserError line) a run folder this comparison may not replace; nothing changes."""
     folder = Path(folder)
-    if not folder.exists():
+    if not folder.exists() and not folder.is_symlink():
         return
+    if not folder.is_dir() or folder.is_symlink():
+        raise UserError(f"{folder} is a file or a link where the comparison's run folder goes; "
+                        "move it or choose another --workdir")
     os.close(lock(folder))  # a run writing there is named first (by its process)
     _refuse_unless_ours(folder, made)
 
@@ -88,5 +90,5 @@ def _not_ours(folder: Path, made: dict) -> str:
     if held:
         return f"holds checkpoints ({held[0]}), which a comparison never keeps: another run trained there"
     if made[folder.name] is not None and made[folder.name] != digest(folder):
-        return "holds another run's config.json than the comparison wrote: another run trained there since"
+        return "has changed since the comparison wrote it (another run trained there, or files were added)"
     return ""

@@ -64,6 +64,7 @@ def run(args) -> int:
     if not args.out:
         raise UserError("translate needs --out DIR")
     specs = [parse_input(text) for text in args.input]  # before anything slow runs
+    common.check_seed(args.seed)
     optimizer = loss = None
     if (args.optimizer is None) != (args.loss is None):
         raise UserError("train_step.py needs both --optimizer and --loss")
@@ -247,7 +248,7 @@ def make_inputs(specs, module, seed: int):
 def _what(e: BaseException) -> str:
     """'RuntimeError: needs a GPU', or what a sys.exit() in the user's code said."""
     if isinstance(e, SystemExit):
-        return f"it called sys.exit({e.code!r}) (a factory returns the module; it must not exit)"
+        return f"it called sys.exit({e.code!r}) (translate needs the module returned, not the process ended)"
     return f"{type(e).__name__}: {_first_line(e)}"
 
 

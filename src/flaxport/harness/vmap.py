@@ -300,7 +300,11 @@ def claim_stack(workdir: Path, dirs: list, identity: dict, resume: bool) -> list
     run has passed, release all of them at the end (`release_all`). A refusal (a single
     run's workdir, checkpoints without --resume, another workload's member, a member in
     use) releases what was claimed, removing the folders this call made."""
-    if (workdir / "config.json").exists():
+    try:
+        single = (workdir / "config.json").exists()
+    except OSError as e:  # a name too long for the file system
+        raise UserError(f"workdir {workdir} is not writable: {e.strerror or e}") from e
+    if single:
         raise UserError(f"workdir {workdir} holds a single run; choose another --workdir for a stack")
     held = [claim(workdir, {}, resume=resume, has_checkpoint=_has_checkpoint)]
     try:
