@@ -4,10 +4,15 @@ driven the way a careless or hostile user would, one real `flaxport` process per
     python tests/hostile_sweep.py --out /tmp/sweep [--jobs 2] [--only SUBSTRING]
 
 A case is *handled* when it ends as it should: exit 0 for a legitimate use, else exactly
-one `flaxport: error:` line (no traceback) and exit 2 (bad input) or 3 (diverged run).
+one `flaxport: error:` line, the last (no traceback; `flaxport: warning:` lines may come
+before it), and exit 2 (bad input) or 3 (diverged run), or,
+for a translation whose proof must fail, exit 1 with one `flaxport: parity failed:` line.
 *Data lost* counts the cases after which a file the run had before (config.json, metrics,
-a checkpoint) changed or vanished although the command was refused, a finished
-checkpoint vanished after a successful one, or a temporary file was left behind.
+a checkpoint, a translation's files) changed or vanished although the command was refused,
+a finished checkpoint vanished after a successful one, a temporary file or folder was left
+behind, a refused command left a new folder, an output folder holds a mix of sets or does
+not load, or a training beside the command did not end whole. The groups of translate,
+stacks and compare beside trainings are in tests/hostile_groups.py.
 Writes OUT/results.jsonl (one record a case) and prints the totals. Not collected by pytest.
 """
 from __future__ import annotations
@@ -24,6 +29,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import hostile_groups
 
 PY = [sys.executable, "-m", "flaxport"]
 GAN = ["--config", "smoke", "--set", "n_per_mode=50", "--no-progress"]
@@ -175,9 +182,14 @@ CONFIG_EDITS = {
 
 # --------------------------------------------------------------------------- the catalogue
 
-def case(name, argv, expect="error", ref=None, setup=None, env=None, kind="cmd", needle=None):
+def case(name, argv, expect="error", ref=None, setup=None, env=None, kind="cmd", needle=None, files=None,
+         load=False, exists=(), holder=None):
+    """files: the names the output folder ({run}, else {new}) must hold afterwards; load: its
+    model.py must load its weights; exists: paths under {run} that must exist afterwards;
+    holder: the command (a training, a comparison) running beside it (kind during-train)."""
     return dict(name=name, argv=[str(a) for a in argv], expect=expect, ref=ref, setup=setup, env=env or {},
-                kind=kind, needle=needle)
+                kind=kind, needle=needle, files=files, load=load, exists=list(exists),
+                holder=[str(a) for a in holder] if holder else None)
 
 
 def catalogue(out: Path) -> list:
@@ -204,6 +216,7 @@ def catalogue(out: Path) -> list:
         ("devices torch", ["train", "gan", "--framework", "torch", "--devices", "1"]),
         ("keras gan", ["train", "gan", "--framework", "keras"]),
         ("workdir is a file", ["train", "gan", "--workdir", "{out}/afile/run"]),
+        ("workdir name too long", ["train", "gan", "--workdir", "{work}/" + "w" * 300]),
         ("unknown flag", ["train", "gan", "--bogus"]), ("set no =", ["train", "gan", "--set", "g_lr"]),
         ("help", ["--help"]),
     ]
@@ -281,6 +294,9 @@ def catalogue(out: Path) -> list:
                 cases.append(case(f"{ref} archive holding objects, evaluate",
                                   ["evaluate", workload, "--workdir", "{run}"], ref=ref, setup=plant_npz,
                                   kind="planted"))
+        if ref in ("vae-jax", "vae-torch"):
+            cases.append(case(f"{ref} full disk while saving", [*tr, "--resume", "--epochs", epochs + 1], ref=ref,
+                              kind="fullfs"))
         if fw == "jax":
             cases.append(case(f"{ref} convert to .pt", ["convert", workload, "{run}", "{out}/conv/{name}.pt"], "ok",
                               ref=ref))
@@ -293,6 +309,11 @@ def catalogue(out: Path) -> list:
         case("convert into a file", ["convert", "gan", "{ref:gan-torch}/checkpoints/epoch_2.pt", "{out}/afile"]),
         case("convert torch run's checkpoint", ["convert", "gan", "{ref:gan-torch}/checkpoints/epoch_2.pt", "{new}"],
              "ok"),
+        case("convert to a workdir onto a full disk", ["convert", "gan", "{ref:gan-torch}/checkpoints/epoch_2.pt",
+                                                       "{new}"], kind="fullfs-small"),
+        case("convert to .pt onto a full disk", ["convert", "gan", "{ref:gan-jax}", "{new}.pt"], kind="fullfs-small"),
+        case("convert to .safetensors onto a full disk", ["convert", "gan", "{ref:gan-jax}", "{new}.safetensors"],
+             kind="fullfs-small"),
         case("convert with bad --set", ["convert", "gan", "{ref:gan-torch}/checkpoints/epoch_2.pt", "{new}",
                                         "--set", "b2=2"]),
         case("parity --atol nan", ["parity", "gan", "--atol", "nan"]),
@@ -317,16 +338,18 @@ def catalogue(out: Path) -> list:
         case("sample a missing workdir", ["sample", "gan", "--workdir", "{out}/none"]),
         case("env --gemm bad", ["env", "--gemm", "1,x"]),
     ]
-    return cases
+    return cases + hostile_groups.cases(case)
 
 
 # --------------------------------------------------------------------------- running a case
 
-def one_line_error(rc, err, code) -> bool:
+def one_line_error(rc, err, code, prefix="flaxport: error: ") -> bool:
+    """Exit `code`, no traceback, and one flaxport line that is not a warning (a stack's
+    dropped members are warned about before it), the last line, starting with `prefix`."""
     lines = err.strip().splitlines()
-    mine = [l for l in lines if l.startswith("flaxport:")]
+    mine = [l for l in lines if l.startswith("flaxport:") and not l.startswith("flaxport: warning:")]
     return (rc == code and "Traceback" not in err and len(mine) == 1 and lines[-1] == mine[0]
-            and mine[0].startswith("flaxport: error: "))
+            and mine[0].startswith(prefix))
 
 
 def fsize(limit):
@@ -338,13 +361,15 @@ def fsize(limit):
 
 def run_case(c, out: Path, i: int) -> dict:
     work = out / "cases" / f"{i:03d}"
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # a case of an earlier sweep into the same OUT
+    work.mkdir(parents=True)
     run = work / "run"
     if c["ref"]:
         shutil.copytree(out / "ref" / c["ref"], run)
     if c["setup"]:
         c["setup"](run)
-    subs = {"{run}": str(run), "{new}": str(work / "new"), "{out}": str(out), "{name}": f"{i:03d}"}
+    subs = {"{run}": str(run), "{new}": str(work / "new"), "{out}": str(out), "{name}": f"{i:03d}",
+            "{work}": str(work)}
 
     def fill(a):
         for k, v in subs.items():
@@ -357,27 +382,16 @@ def run_case(c, out: Path, i: int) -> dict:
     argv, env = [fill(a) for a in c["argv"]], {k: fill(v) for k, v in c["env"].items()}
     before = files(run)
     rc, err, extra = None, "", {}
-    if c["kind"] == "readonly":
-        mount = f"mount --bind {run} {run} && mount -o remount,ro,bind {run} && exec \"$@\""
-        rc, _, err, secs = sh(["unshare", "-m", "sh", "-c", mount, "sh", *PY, *argv], work, env)
-    elif c["kind"] == "fullfs":
-        rc, _, err, secs = sh([*PY, *argv], work, env, preexec=fsize(60_000))
-    elif c["kind"] == "kill":
-        t0 = time.time()
-        p = subprocess.Popen([*PY, *argv], cwd=work, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        ck = run / "checkpoints"
-        while p.poll() is None and not any(".orbax-checkpoint-tmp" in q.name or q.name.startswith("tmp-epoch-")
-                                           for q in ck.iterdir()):
-            time.sleep(0.01)
-        p.send_signal(signal.SIGKILL)
-        p.communicate()
-        extra["killed_mid_save"] = p.returncode == -signal.SIGKILL
-        rc, _, err, _ = sh([*PY, *argv], work)  # resume after the kill
-        secs = time.time() - t0
-        extra["temp_left"] = [q.name for q in ck.iterdir() if "tmp" in q.name]
+    t0 = time.time()
+    if c["kind"] in ("readonly", "readonly-parent"):
+        ro = run if c["kind"] == "readonly" else work
+        mount = f"mount --bind {ro} {ro} && mount -o remount,ro,bind {ro} && exec \"$@\""
+        rc, _, err, _ = sh(["unshare", "-m", "sh", "-c", mount, "sh", *PY, *argv], work, env)
+    elif c["kind"] in ("fullfs", "fullfs-small"):
+        rc, _, err, _ = sh([*PY, *argv], work, env, preexec=fsize(60_000 if c["kind"] == "fullfs" else 3000))
+    elif c["kind"] in ("kill", "kill-set"):
+        rc, err = _killed_then_again(c, argv, env, work, run, before, extra)
     elif c["kind"] == "concurrent":
-        t0 = time.time()
         p = subprocess.Popen([*PY, *argv], cwd=work, env={**os.environ, **env}, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         mark = (run / "config.json").stat().st_mtime_ns
@@ -385,37 +399,128 @@ def run_case(c, out: Path, i: int) -> dict:
             time.sleep(0.01)  # the first writer passed its checks (it rewrote config.json) and trains
         rc, _, err, _ = sh([*PY, *argv[:-2], "--seed", "5", "--epochs", argv[-1]], work)
         _, first_err = p.communicate()
-        secs = time.time() - t0
         extra["first_rc"] = p.returncode
         extra["epochs"] = [json.loads(l)["epoch"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+    elif c["kind"] == "parallel":  # the same command twice at once: both end, one set in place
+        ps = [subprocess.Popen([*PY, *argv], cwd=work, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        ends = [(p.communicate()[1], p.returncode) for p in ps]
+        err, rc = ends[0]
+        extra["second_rc"] = ends[1][1]
+    elif c["kind"] == "during-train":
+        rc, err = _beside_a_holder(c, argv, work, fill, extra)
     else:
-        rc, _, err, secs = sh([*PY, *argv], work, env)
-    code = {"ok": 0, "error": 2, "diverged": 3}[c["expect"]]
-    handled = rc == 0 if c["expect"] == "ok" else one_line_error(rc, err, code)
+        rc, _, err, _ = sh([*PY, *argv], work, env)
+    secs = time.time() - t0
+    code = {"ok": 0, "error": 2, "diverged": 3, "proof": 1}[c["expect"]]
+    if c["expect"] == "ok":
+        handled = rc == 0
+    elif c["expect"] == "proof":  # the files are written, the proof failed: exit 1, one line saying where
+        handled = one_line_error(rc, err, code, prefix="flaxport: parity failed: ")
+    else:
+        handled = one_line_error(rc, err, code)
     if c["needle"] and c["needle"] not in err:
         handled = False
     lost = []
     after = files(run)
     if c["ref"]:
-        trained = re.search(r"^epoch \d+ \|", err, re.M) is not None
-        if c["expect"] != "ok" and not trained and c["kind"] not in ("kill", "concurrent"):
+        trained = re.search(r"^epoch \d+(/\d+)? \|", err, re.M) is not None
+        if c["expect"] not in ("ok", "proof") and not trained and c["kind"] not in ("kill", "concurrent"):
             # refused before training: the run must be exactly as it was
             lost = [k for k in before if after.get(k) != before[k]] + [k for k in after if k not in before]
-        elif c["expect"] != "ok" and c["kind"] not in ("kill", "concurrent"):
+        elif c["expect"] not in ("ok", "proof") and c["kind"] not in ("kill", "concurrent"):
             # stopped while training (full disk, NaN): every checkpoint it had is as it was
             lost = [k for k in before if k.startswith("checkpoints/") and after.get(k) != before[k]]
         elif newest_epoch(before) is not None and (newest_epoch(after) or -1) < newest_epoch(before):
             lost = ["the newest checkpoint"]  # a successful run may prune old ones, never lose the newest
         lost = [k for k in lost if not k.startswith("tb/")] + extra.get("temp_left", [])
+    if c.get("keep"):  # every file it found stays as it was, whatever the command trained
+        lost += [k for k in before if after.get(k) != before[k] and k not in lost]
+    lost += _what_else_was_lost(c, work, run, rc)
     if c["kind"] == "planted" and (out / "cases" / f"{i:03d}" / "PLANTED").exists():
         handled, lost = False, lost + ["code ran"]
     if c["kind"] == "concurrent":
         handled = handled and extra["first_rc"] == 0 and extra["epochs"] == sorted(set(extra["epochs"]))
-    if c["kind"] == "kill":
+    if c["kind"] in ("kill", "kill-set"):
         handled = handled and extra["killed_mid_save"] and not extra["temp_left"]
+    if c["kind"] == "parallel":
+        handled = handled and extra["second_rc"] == 0
+    if c["kind"] == "during-train":
+        handled = handled and extra["holder_rc"] == 0
+        lost += [] if extra["holder_whole"] else ["the training beside it"]
     last = (err.strip().splitlines() or [""])[-1][:300]
     return dict(name=c["name"], argv=argv, expect=c["expect"], rc=rc, handled=handled, lost=lost,
                 seconds=round(secs, 1), last_line=last, **{k: v for k, v in extra.items() if k != "temp_left"})
+
+
+def _killed_then_again(c, argv, env, work, run, before, extra):
+    """SIGKILL in the middle of a save (a checkpoint, or an output set complete but not yet
+    renamed into place), then the same command again: (its exit code, stderr)."""
+    p = subprocess.Popen([*PY, *argv], cwd=work, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    if c["kind"] == "kill":
+        ck = run / "checkpoints"
+
+        def saving():
+            return any(".orbax-checkpoint-tmp" in q.name or q.name.startswith("tmp-epoch-") for q in ck.iterdir())
+    else:
+        def saving():
+            return any(q.name.startswith(f".{run.name}.new-") and (q / "parity.md").exists() for q in work.iterdir())
+    while p.poll() is None and not saving():
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.communicate()
+    extra["killed_mid_save"] = p.returncode == -signal.SIGKILL and (c["kind"] == "kill" or files(run) == before)
+    rc, _, err, _ = sh([*PY, *argv], work)  # again, after the kill
+    if c["kind"] == "kill":
+        extra["temp_left"] = [q.name for q in (run / "checkpoints").iterdir() if "tmp" in q.name]
+    else:
+        extra["temp_left"] = [q.name for q in work.iterdir() if q.name.startswith(f".{run.name}.")]
+    return rc, err
+
+
+def _beside_a_holder(c, argv, work, fill, extra):
+    """The case's command while another (a training, a comparison) holds its folder: (exit code,
+    stderr). The other one must end as if it had been alone."""
+    holder = [fill(a) for a in c["holder"]]
+    folder = Path(holder[holder.index("--workdir") + 1])
+    ready = folder / "config.json" if holder[0] == "train" else folder / "jax-step" / "config.json"
+    long = ["--set", "n_per_mode=2000", "--epochs", "15"] if holder[0] == "compare" else []
+    p = subprocess.Popen([*PY, *holder, *long], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "FLAXPORT_TEST_SAVE_DELAY": "3"})
+    while p.poll() is None and not ready.exists():
+        time.sleep(0.01)
+    rc, _, err, _ = sh([*PY, *argv], work)
+    extra["holder_err"] = p.communicate()[1].strip().splitlines()[-1:]
+    extra["holder_rc"] = p.returncode
+    whole = p.returncode == 0
+    if holder[0] == "train":
+        epochs = int(holder[holder.index("--epochs") + 1])
+        metrics = folder / "metrics.jsonl"
+        seen = [json.loads(l)["epoch"] for l in metrics.read_text().splitlines()] if metrics.exists() else []
+        whole = whole and seen == list(range(1, epochs + 1)) and newest_epoch(files(folder)) == epochs
+    extra["holder_whole"] = whole
+    return rc, err
+
+
+def _what_else_was_lost(c, work: Path, run: Path, rc) -> list:
+    """A temporary file or folder beside the run, a refused command's new folder, an output
+    folder that is not exactly the set it should be or does not load, a path that should exist."""
+    lost = [f"left {q.name}" for q in work.iterdir() if q.name.startswith((f".{run.name}.", ".new."))]
+    if c["expect"] == "error":
+        lost += [f"left {q.name}" for q in work.iterdir() if q.name.startswith("new")]
+    folder = run if c["ref"] or "{run}" in " ".join(c["argv"]) else work / "new"
+    if c["files"] is not None and rc in (0, 1):
+        held = sorted(q.name for q in folder.iterdir()) if folder.is_dir() else []
+        if held != sorted(c["files"]):
+            lost.append(f"{folder.name} holds {held}, not {sorted(c['files'])}")
+    if c["load"] and folder.is_dir():
+        code = f"import sys; sys.path.insert(0, {str(folder)!r}); import model; model.load({str(folder)!r})"
+        load_rc, _, load_err, _ = sh([sys.executable, "-c", code], work)
+        if load_rc != 0:
+            lost.append(f"{folder.name} does not load: {(load_err.strip().splitlines() or [''])[-1][:120]}")
+    lost += [f"no {p}" for p in c["exists"] if not (run / p).exists()]
+    return lost
 
 
 def make_refs(out: Path, jobs: int) -> None:
@@ -424,6 +529,7 @@ def make_refs(out: Path, jobs: int) -> None:
     (out / "garbage.pt").write_bytes(b"garbage")
     (out / "empty").mkdir(exist_ok=True)
     (out / "conv").mkdir(exist_ok=True)
+    hostile_groups.write_files(out)
 
     def make(name):
         workload, fw, args, epochs = REFS[name]
@@ -435,12 +541,29 @@ def make_refs(out: Path, jobs: int) -> None:
         if rc != 0:
             raise SystemExit(f"reference run {name} failed: {err[-2000:]}")
 
+    def make_other(name):
+        d = out / "ref" / name
+        if d.exists():
+            return
+        argv = [a.replace("{out}", str(out)).replace("{ref}", str(d)) for a in hostile_groups.REF_COMMANDS[name]]
+        rc, _, err, _ = sh([*PY, *argv], out)
+        if rc != 0:
+            raise SystemExit(f"reference {name} failed: {err[-2000:]}")
+
     with cf.ThreadPoolExecutor(jobs) as ex:
         list(ex.map(make, REFS))
+        list(ex.map(make_other, hostile_groups.REF_COMMANDS))
 
 
-GROUPS = (("set ", "a bad --set value"), ("flag ", "a bad flag"), ("env ", "the environment (FLAXPORT_DATA, KERAS_BACKEND) and `flaxport env`"),
+GROUPS = (("set ", "a bad --set value"), ("flag ", "a bad flag"),
+          ("env ", "the environment (FLAXPORT_DATA, KERAS_BACKEND) and `flaxport env`"),
           ("gan-jax", "a jax run (gan)"), ("gan-torch", "a torch run (gan)"), ("vae-keras", "a keras run (vae)"),
+          ("translate input", "translate: --input and FACTORY"),
+          ("translate weights", "translate: --weights files, and the proof on meaningless numbers"),
+          ("translate text", "translate: --optimizer and --loss texts"),
+          ("translate out", "translate: the output folder (again, full disk, SIGKILL, two at once, read-only)"),
+          ("stack ", "stacks (--seeds, --sweep): bad values, resume, a deleted member, SIGKILL, full disk"),
+          ("compare-vs-train", "compare beside trainings (in its folders, holding them, taken over)"),
           ("", "other runs (cnn, ddim, vae on jax and torch)"))
 
 
@@ -469,7 +592,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--only", default=None, help="run the cases whose name holds this")
+    ap.add_argument("--only", default=None, help="run the cases whose name holds this (A|B: either)")
     ap.add_argument("--summary", action="store_true", help="only summarise OUT/results.jsonl")
     args = ap.parse_args()
     out = Path(args.out).absolute()
@@ -477,7 +600,7 @@ def main() -> int:
         print(summarize([json.loads(l) for l in (out / "results.jsonl").read_text().splitlines()]))
         return 0
     make_refs(out, args.jobs)
-    cases = [c for c in catalogue(out) if not args.only or args.only in c["name"]]
+    cases = [c for c in catalogue(out) if not args.only or any(o in c["name"] for o in args.only.split("|"))]
     results = []
     with cf.ThreadPoolExecutor(args.jobs) as ex, open(out / "results.jsonl", "w") as log:
         for r in ex.map(lambda ic: run_case(ic[1], out, ic[0]), enumerate(cases)):
