@@ -25,6 +25,7 @@ import operator
 import re
 import warnings
 
+from flaxport.translate.decompose import decompose
 from flaxport.translate.errors import ExportError, TranslateError
 
 INT64_MAX = 9223372036854775807
@@ -220,6 +221,8 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
     placeholders, user_inputs = _placeholders(program)
     names, access = input_paths(m, args, kwargs, len(user_inputs))
     buffer_updates = functionalize(graph, placeholders)
+    while decompose(graph, has_translation, keep=set(buffer_updates.values())):
+        functionalize(graph, placeholders)  # decompositions write in place too (out.clamp_min_(0))
     _drop_pass_through(graph)
     _eliminate_dead_code(graph, set(buffer_updates.values()))
     output = next(n for n in graph.nodes if n.op == "output")
@@ -406,6 +409,19 @@ def functionalize(graph, placeholders) -> dict:
     return buffer_updates
 
 
+def has_translation(node) -> bool:
+    """Is the node translated as it is (a handler in the op table, or dropped or rendered by capture
+    and body), rather than through torch's decomposition of it?"""
+    import torch
+
+    from flaxport.translate import ops
+
+    if not isinstance(node.target, torch._ops.OpOverload) or _is_sym(node):
+        return True
+    name = str(node.target)
+    return name in PASS_THROUGH or name in ASSERTS or _is_inplace(node) or ops.lookup(node) is not None
+
+
 def _later_uses(view, after, graph) -> bool:
     seen = False
     for node in graph.nodes:
@@ -465,9 +481,12 @@ def _same_dtype_and_layout(node) -> bool:
 
 
 def _is_sym(node) -> bool:
+    """Does the node compute a size (read from arrays' shapes where it is used)? `.item()` computes a
+    number from an array's value: an op like any other."""
     import torch
 
-    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)) and \
+        str(node.target) not in ("aten.item.default", "aten._local_scalar_dense.default")
 
 
 def _source(node) -> str:
