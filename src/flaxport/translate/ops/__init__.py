@@ -35,8 +35,9 @@ class Expr:
 
 
 class Outputs(tuple):
-    """A multi-output op computed as separate expressions, one per output (None: not computable,
-    e.g. max-pool indices): `getitem(node, i)` becomes the i-th expression itself."""
+    """A multi-output op computed as separate expressions, one per output (None, or an Unsupported
+    saying why: not computable, e.g. max-pool indices): `getitem(node, i)` becomes the i-th
+    expression itself, and reading one that is not computable is refused."""
 
 
 class Unsupported(Exception):
@@ -68,7 +69,7 @@ _LOADED = []
 def _load():
     if not _LOADED:
         from flaxport.translate.ops import (activation, attention, conv, create, elementwise, linalg, losses,  # noqa
-                                            norm, random, recurrent, reduce, scatter, shape)
+                                            matrix, norm, random, recurrent, reduce, scatter, shape, strided)
         _LOADED.append(True)
 
 

@@ -1,7 +1,7 @@
 """Convolutions, pooling and resampling on torch's (N, C, *spatial) layout, via the runtime helpers."""
 from __future__ import annotations
 
-from flaxport.translate.ops import Outputs, Unsupported, call, op
+from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, op
 
 
 def _ints(c, name, n, default):
@@ -17,27 +17,37 @@ def conv(c, node):
     padding = c.raw("padding") if c.has("padding") else 0
     padding = repr(padding) if isinstance(padding, str) else c.ints(_ints(c, "padding", n, 0), "padding")
     groups = c.raw("groups") if c.has("groups") else 1
-    return call(c.helper("conv"), c.x("input"), c.x("weight"), c.x("bias") if c.has("bias") else "None",
-                stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=padding,
-                dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1}
-                else None, groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c))
+    return _batched(c, lambda x: call(
+        c.helper("conv"), x, c.x("weight"), c.x("bias") if c.has("bias") else "None",
+        stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=padding,
+        dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1} else None,
+        groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c)))
 
 
 def _cl(c):
     return "True" if c.channels_last else None
 
 
+def _batched(c, conv_call):
+    """conv_call(x) on a batch of one where torch takes an unbatched input (C, *S) (its result's batch dropped)."""
+    x = c.x("input")
+    if c.val("input").ndim == c.val("weight").ndim:
+        return conv_call(x)
+    return Expr(f"{conv_call(Expr(f'{x.at(ATOM)}[None]')).at(ATOM)}[0]")
+
+
 @op("aten.conv_transpose1d.default", "aten.conv_transpose2d.input", "aten.conv_transpose3d.input")
 def conv_transpose(c, node):
     n = c.val("weight").ndim - 2
     groups = c.raw("groups") if c.has("groups") else 1
-    return call(c.helper("conv_transpose"), c.x("input"), c.x("weight"), c.x("bias") if c.has("bias") else "None",
-                stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=c.ints(_ints(c, "padding", n, 0), "padding"),
-                output_padding=c.ints(_ints(c, "output_padding", n, 0), "output_padding")
-                if set(_ints(c, "output_padding", n, 0)) != {0} else None,
-                groups=c.lit(groups, "groups") if groups != 1 else None,
-                dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1}
-                else None, channels_last=_cl(c))
+    return _batched(c, lambda x: call(
+        c.helper("conv_transpose"), x, c.x("weight"), c.x("bias") if c.has("bias") else "None",
+        stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=c.ints(_ints(c, "padding", n, 0), "padding"),
+        output_padding=c.ints(_ints(c, "output_padding", n, 0), "output_padding")
+        if set(_ints(c, "output_padding", n, 0)) != {0} else None,
+        groups=c.lit(groups, "groups") if groups != 1 else None,
+        dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1} else None,
+        channels_last=_cl(c)))
 
 
 @op("aten.convolution.default")
@@ -49,9 +59,9 @@ def convolution(c, node):
                   groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c))
     bias = c.x("bias") if c.has("bias") else "None"
     if c.raw("transposed"):
-        return call(c.helper("conv_transpose"), c.x("input"), c.x("weight"), bias,
-                    output_padding=c.ints(_ints(c, "output_padding", n, 0), "output_padding"), **common)
-    return call(c.helper("conv"), c.x("input"), c.x("weight"), bias, **common)
+        return _batched(c, lambda x: call(c.helper("conv_transpose"), x, c.x("weight"), bias, output_padding=c.ints(
+            _ints(c, "output_padding", n, 0), "output_padding"), **common))
+    return _batched(c, lambda x: call(c.helper("conv"), x, c.x("weight"), bias, **common))
 
 
 def _max_pool(c, node):

@@ -27,9 +27,9 @@ def group_norm(c, node):
 
 @op("aten.instance_norm.default")
 def instance_norm(c, node):
-    if not c.raw("use_input_stats"):
-        raise Unsupported("instance_norm with running statistics")
-    channels = c.static(c.val("input").shape[1])
+    if not c.raw("use_input_stats"):  # normalised by the running statistics, as eval-mode batch_norm is
+        return batch_norm(c, node)
+    channels = c.val("input").shape[1]  # a size export may keep symbolic: read from the input then
     return call(c.helper("group_norm"), c.x("input"), c.lit(channels, "num_groups"),
                 c.x("weight") if c.has("weight") else "None", c.x("bias") if c.has("bias") else "None",
                 c.lit(c.raw("eps"), "eps"))

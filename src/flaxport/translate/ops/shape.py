@@ -158,13 +158,29 @@ def split(c, node):
     dim = c.dim("dim", ndim) if c.has("dim") else 0
     sizes = [c.static(v.shape[dim]) for v in c.out]
     if any(not isinstance(s, int) for s in sizes):
-        raise Unsupported("a split of a dimension whose size is not fixed")
+        return _split_symbolic(c, dim)
     points, total = [], 0
     for s in sizes[:-1]:
         total += s
         points.append(total)
     return call("jnp.split", c.x("self"), Expr(repr(points) if len(set(sizes)) > 1 else str(len(sizes))),
                 axis=dim)
+
+
+def _split_symbolic(c, dim):
+    """A split whose part sizes export keeps symbolic (chunk of a dimension of any size): its split
+    points are sums of those sizes, read from the arrays."""
+    import sympy
+
+    sizes = [v.shape[dim] for v in c.out]
+    exprs = [s.node.expr if hasattr(s, "node") else sympy.Integer(s) for s in sizes]
+    if len(set(exprs)) == 1:
+        return call("jnp.split", c.x("self"), len(sizes), axis=dim)
+    points, total = [], sympy.Integer(0)
+    for e in exprs[:-1]:
+        total = total + e
+        points.append(c.body.sym_expr(total).text)
+    return call("jnp.split", c.x("self"), Expr("[" + ", ".join(points) + "]"), axis=dim)
 
 
 @op("aten.unbind.int")
