@@ -499,6 +499,74 @@ CASES += [
     ("pdist", aten._pdist_forward.default, (r(5, 3),), {}),
     ("pdist_p3", aten.pdist.default, (r(5, 3), 3.0), {}),
 ]
+C = torch.complex(r(3, 4), r(3, 4))
+CASES += [
+    # FFTs (every torch.fft function decomposes into these three) and complex numbers
+    ("fft_r2c_onesided_ortho", aten._fft_r2c.default, (r(3, 8), [1], 1, True), {}),
+    ("fft_r2c_full_by_n", aten._fft_r2c.default, (r(2, 3, 4), [0, 2], 2, False), {}),
+    ("fft_c2c_forward", aten._fft_c2c.default, (C, [0, 1], 0, True), {}),
+    ("fft_c2c_inverse_by_n", aten._fft_c2c.default, (C, [1], 2, False), {}),
+    ("fft_c2r", aten._fft_c2r.default, (C, [1], 0, 6), {}),
+    ("view_as_real", aten.view_as_real.default, (C,), {}),
+    ("view_as_complex", aten.view_as_complex.default, (r(3, 2),), {}),
+    ("real", aten.real.default, (C,), {}),
+    ("imag", aten.imag.default, (C,), {}),
+    ("conj_physical", aten.conj_physical.default, (C,), {}),
+    ("conj", aten.conj.default, (C,), {}),
+    ("conj_view", aten._conj.default, (C,), {}),
+    ("conj_physical_private", aten._conj_physical.default, (C,), {}),
+    ("complex_broadcast", aten.complex.default, (r(3, 1), r(4)), {}),
+    ("polar", aten.polar.default, (pos(4), r(4)), {}),
+    ("angle", aten.angle.default, (C,), {}),
+    # special functions
+    ("i0", aten.i0.default, (r(6) * 3,), {}),
+    ("i1e", aten.special_i1e.default, (r(6) * 3,), {}),
+    ("bessel_j1", aten.special_bessel_j1.default, (r(6) * 3,), {}),
+    ("spherical_bessel_j0", aten.special_spherical_bessel_j0.default, (torch.tensor([0.0, 0.5, -3.0, 10.0]),), {}),
+    ("erfcx", aten.special_erfcx.default, (r(6),), {}),
+    ("ndtri", aten.special_ndtri.default, (torch.rand(6, generator=G),), {}),
+    ("log_ndtr", aten.special_log_ndtr.default, (r(6) * 4,), {}),
+    ("entr", aten.special_entr.default, (r(6),), {}),
+    ("sinc", aten.sinc.default, (r(6),), {}),
+    ("deg2rad", aten.deg2rad.default, (r(6),), {}),
+    ("isposinf", aten.isposinf.default, (torch.tensor([1.0, float("inf"), -float("inf")]),), {}),
+    ("igamma", aten.igamma.default, (pos(6), pos(6)), {}),
+    ("igammac", aten.igammac.default, (pos(6), pos(6)), {}),
+    ("zeta", aten.special_zeta.default, (pos(6) + 1, pos(6)), {}),
+    ("xlog1py", aten.special_xlog1py.default, (r(6), pos(6)), {}),
+    ("xlogy", aten.xlogy.Tensor, (torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0.0, 3.0, 0.5])), {}),
+    ("hypot", aten.hypot.default, (r(6), r(6)), {}),
+    ("nextafter", aten.nextafter.default, (r(6), r(6)), {}),
+    ("copysign", aten.copysign.Tensor, (r(6), r(6)), {}),
+    ("heaviside", aten.heaviside.default, (torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([0.5])), {}),
+    ("float_power", aten.float_power.Tensor_Tensor, (pos(6), r(6)), {}),
+    ("logaddexp2", aten.logaddexp2.default, (r(6), r(6)), {}),
+    ("polygamma_0", aten.polygamma.default, (0, r(6) * 3), {}),
+    ("polygamma_1_negative", aten.polygamma.default, (1, r(6) * 3), {}),
+    ("polygamma_3_negative", aten.polygamma.default, (3, r(6) * 3), {}),
+    ("mvlgamma", aten.mvlgamma.default, (pos(6) + 2, 3), {}),
+    ("logit_eps", aten.logit.default, (torch.rand(6, generator=G), 0.1), {}),
+    ("frexp", aten.frexp.Tensor, (r(6) * 10,), {}),
+    ("ldexp", aten.ldexp.Tensor, (r(6), ri(4, 6)), {}),
+    ("logcumsumexp", aten.logcumsumexp.default, (r(3, 4), 1), {}),
+    ("signbit", aten.signbit.default, (r(6),), {}),
+    ("rad2deg", aten.rad2deg.default, (r(6),), {}),
+    ("isneginf", aten.isneginf.default, (torch.tensor([1.0, float("inf"), -float("inf")]),), {}),
+    ("i0e", aten.special_i0e.default, (r(6) * 3,), {}),
+    ("i1", aten.special_i1.default, (r(6) * 3,), {}),
+    ("modified_bessel_i0", aten.special_modified_bessel_i0.default, (r(6) * 3,), {}),
+    ("modified_bessel_i1", aten.special_modified_bessel_i1.default, (r(6) * 3,), {}),
+    ("bessel_j0", aten.special_bessel_j0.default, (r(6) * 3,), {}),
+    ("ndtr", aten.special_ndtr.default, (r(6),), {}),
+    ("expit", aten.special_expit.default, (r(6),), {}),
+]
+CASES += [(f"polynomial_{name[8:]}", getattr(aten, name).default, (r(8), torch.tensor([0, 1, 2, 3, 4, 5, 7, -1.0])), {})
+          for name in ("special_chebyshev_polynomial_t", "special_chebyshev_polynomial_u", "special_chebyshev_polynomial_v",
+                       "special_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_t",
+                       "special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_v",
+                       "special_shifted_chebyshev_polynomial_w", "special_hermite_polynomial_h",
+                       "special_hermite_polynomial_he", "special_laguerre_polynomial_l",
+                       "special_legendre_polynomial_p")]
 # Overloads with a case of their own only where their handler differs; these are exercised by the
 # model tests (test_translate*.py): dropout inside modules, tuple outputs, dtype casts of parameters.
 BY_MODELS = {"aten.empty", "aten.empty_like", "aten.new_empty",  # torch leaves the values undefined: zeros here
@@ -534,7 +602,10 @@ RANDOM_CASES = [
     ("geometric", aten.geometric.default, (r(*N), 0.3), {}),
     ("randint_like_float", aten.randint_like.default, (r(*N), 6), {}),
 ]
-REFUSED = {"aten.multinomial", "aten.randperm"}  # test_sampling_without_a_translation_says_what_to_do
+REFUSED = {"aten.multinomial", "aten.randperm",  # test_sampling_without_a_translation_says_what_to_do
+           "aten.chalf", "aten.special_bessel_y0", "aten.special_bessel_y1", "aten.special_modified_bessel_k0",
+           "aten.special_modified_bessel_k1", "aten.special_scaled_modified_bessel_k0",
+           "aten.special_scaled_modified_bessel_k1", "aten.special_airy_ai"}  # test_refused_ops_say_why
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -610,6 +681,24 @@ def test_sampling_without_a_translation_says_what_to_do(target, args):
     from flaxport.translate.optest import run_op
 
     with pytest.raises(Unsupported, match="outside forward and pass"):
+        run_op(target, *args)
+
+
+@pytest.mark.parametrize("target,args,why", [
+    (aten.chalf.default, (r(3),), "complex32"),
+    (aten.special_bessel_y0.default, (pos(3),), "no counterpart"),
+    (aten.special_bessel_y1.default, (pos(3),), "no counterpart"),
+    (aten.special_modified_bessel_k0.default, (pos(3),), "no counterpart"),
+    (aten.special_modified_bessel_k1.default, (pos(3),), "no counterpart"),
+    (aten.special_scaled_modified_bessel_k0.default, (pos(3),), "no counterpart"),
+    (aten.special_scaled_modified_bessel_k1.default, (pos(3),), "no counterpart"),
+    (aten.special_airy_ai.default, (pos(3),), "no counterpart"),
+])
+def test_refused_ops_say_why(target, args, why):
+    from flaxport.translate.ops import Unsupported
+    from flaxport.translate.optest import run_op
+
+    with pytest.raises(Unsupported, match=why):
         run_op(target, *args)
 
 

@@ -95,6 +95,7 @@ def run_op(target, *args, replay: bool = False, **kwargs):
                                             for a, ctor in body.synth.items()})()
     replaying = draws.jax_replay(drawn.standard) if replay else contextlib.nullcontext()
     expected_list = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    expected_list = [e.resolve_conj() if torch.is_tensor(e) else e for e in expected_list]  # a lazily conjugated view
     with replaying:
         if isinstance(result, Outputs):
             codes = [r.text if isinstance(r, Expr) else None for r in result]  # None / Unsupported: not computed

@@ -193,7 +193,7 @@ def _numpy(a):
 
     if not torch.is_tensor(a):
         return np.asarray(a)
-    a = a.detach()
+    a = a.detach().resolve_conj().resolve_neg()  # a lazily conjugated view: its values
     if a.dtype in (torch.bfloat16, torch.complex32):
         a = a.to(torch.complex64 if a.is_complex() else torch.float32)
     return a.numpy()

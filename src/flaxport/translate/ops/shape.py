@@ -281,7 +281,8 @@ def flip(c, node):
 @op("aten.roll.default")
 def roll(c, node):
     shifts, dims = c.raw("shifts"), c.raw("dims") if c.has("dims") else None
-    return call("jnp.roll", c.x("self"), tuple(shifts) if len(shifts) > 1 else shifts[0],
+    texts = [c.index_text(s) for s in shifts]  # sizes the graph computes (fftshift: x.shape[0] // 2) included
+    return call("jnp.roll", c.x("self"), Expr(f"({', '.join(texts)})") if len(texts) > 1 else Expr(texts[0]),
                 axis=(tuple(dims) if len(dims) > 1 else dims[0]) if dims else None)
 
 
@@ -300,13 +301,23 @@ def pad(c, node):
     widths = [(0, 0)] * ndim
     for i in range(len(pads) // 2):  # torch lists (low, high) pairs from the last dim backwards
         widths[ndim - 1 - i] = (pads[2 * i], pads[2 * i + 1])
-    if any(lo < 0 or hi < 0 for lo, hi in widths):
-        raise Unsupported("negative padding (cropping)")
     value = c.raw("value") if c.has("value") else None
     jmode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
-    return call("jnp.pad", c.x("self"), Expr(repr(tuple(widths))),
-                mode=repr(jmode) if jmode != "constant" else None,
-                constant_values=c.lit(value, "value") if value else None)
+    # a negative width crops: pad by the positive widths, then cut the negative ones off
+    crops = {d: (-lo if _negative(lo) else 0, -hi if _negative(hi) else 0) for d, (lo, hi) in enumerate(widths)}
+    grown = tuple((0 if _negative(lo) else lo, 0 if _negative(hi) else hi) for lo, hi in widths)
+    out = c.x("self")
+    if any(w != (0, 0) for w in grown):
+        text = "(" + ", ".join(f"({c.index_text(lo)}, {c.index_text(hi)})" for lo, hi in grown) + \
+            ("," if ndim == 1 else "") + ")"
+        out = call("jnp.pad", out, Expr(text), mode=repr(jmode) if jmode != "constant" else None,
+                   constant_values=c.lit(value, "value") if value else None)
+    cut = {d: f"{lo or ''}:{-hi if hi else ''}" for d, (lo, hi) in crops.items() if lo or hi}
+    return c.index_expr(out, ndim, cut) if cut else out
+
+
+def _negative(width) -> bool:
+    return isinstance(width, int) and width < 0
 
 
 def _pad_mode(mode):

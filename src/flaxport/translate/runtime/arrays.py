@@ -115,3 +115,64 @@ def ormqr(a, tau, other, left=True, transpose=False):
     if transpose:
         q = jnp.conj(jnp.swapaxes(q, -1, -2))
     return q @ other if left else other @ q
+
+
+def orthogonal_polynomial(kind, x, n):
+    """torch.special's orthogonal polynomial `kind` ('chebyshev_t', 'hermite_he', 'shifted_chebyshev_u',
+    'laguerre_l', 'legendre_p', ...) of degree n (truncated to an integer; 0 below degree 0) at x,
+    elementwise by its three-term recurrence."""
+    dtype = jnp.result_type(x, n, float)
+    x, n = jnp.broadcast_arrays(jnp.asarray(x, dtype), jnp.trunc(n).astype(jnp.int32))
+    if kind.startswith("shifted_"):
+        x, kind = 2 * x - 1, kind[len("shifted_"):]
+    one = jnp.ones_like(x)
+    first = {"chebyshev_t": x, "chebyshev_u": 2 * x, "chebyshev_v": 2 * x - 1, "chebyshev_w": 2 * x + 1,
+             "hermite_h": 2 * x, "hermite_he": x, "laguerre_l": 1 - x, "legendre_p": x}[kind]
+
+    def step(k, previous, current):  # P_{k+1} from P_k and P_{k-1}
+        if kind.startswith("chebyshev"):
+            return 2 * x * current - previous
+        if kind == "hermite_h":
+            return 2 * x * current - 2 * k * previous
+        if kind == "hermite_he":
+            return x * current - k * previous
+        if kind == "laguerre_l":
+            return ((2 * k + 1 - x) * current - k * previous) / (k + 1)
+        return ((2 * k + 1) * x * current - k * previous) / (k + 1)
+
+    def body(state):
+        k, previous, current, out = state
+        following = step(k.astype(dtype), previous, current)
+        return k + 1, current, following, jnp.where(n == k + 1, following, out)
+
+    out = jnp.where(n == 0, one, jnp.where(n == 1, first, 0))
+    top = jnp.max(n, initial=1)
+    return lax.while_loop(lambda state: state[0] < top, body, (jnp.int32(1), one, first, out))[3]
+
+
+def polygamma(n, x):
+    """torch.polygamma for any real x: digamma (n = 0); trigamma by its reflection
+    -trigamma(1 - x) + (pi / sin(pi x))^2 below 1/2 (n = 1); (-1)^(n+1) n! zeta(n + 1, x) above, the
+    Hurwitz zeta lifted to positive x by zeta(s, q) = q^-s + zeta(s, q + 1)."""
+    if n == 0:
+        return jax.scipy.special.digamma(x)
+    if n == 1:
+        reflected = -jax.scipy.special.polygamma(1, 1 - x) + (jnp.pi / jnp.sin(jnp.pi * x)) ** 2
+        return jnp.where(x < 0.5, reflected, jax.scipy.special.polygamma(1, x))
+
+    def lift(state):
+        q, head = state
+        below = q <= 0
+        return jnp.where(below, q + 1, q), head + jnp.where(below, q ** -(n + 1.0), 0)
+
+    q, head = lax.while_loop(lambda state: jnp.any(state[0] <= 0), lift, (x, jnp.zeros_like(x)))
+    sign = 1 if n % 2 else -1
+    return sign * jnp.exp(jax.scipy.special.gammaln(n + 1.0)) * (head + jax.scipy.special.zeta(n + 1.0, q))
+
+
+def bessel_j(order, x):
+    """torch.special.bessel_j0 / bessel_j1: J_n(x) = (1 / 2 pi) times the integral over a period of
+    cos(n t - x sin t), by the trapezoid rule on 128 points, which for a periodic integrand is exact
+    to rounding for |x| up to about 60 (jax.scipy.special.bessel_jn is NaN in float32)."""
+    t = jnp.arange(128, dtype=x.dtype) * (2 * jnp.pi / 128)
+    return jnp.mean(jnp.cos(order * t - x[..., None] * jnp.sin(t)), axis=-1)
