@@ -68,8 +68,8 @@ _LOADED = []
 
 def _load():
     if not _LOADED:
-        from flaxport.translate.ops import (activation, attention, conv, create, elementwise, linalg, losses,  # noqa
-                                            matrix, norm, random, recurrent, reduce, scatter, shape, special,
+        from flaxport.translate.ops import (activation, attention, binning, conv, create, elementwise, linalg,  # noqa
+                                            losses, matrix, norm, random, recurrent, reduce, scatter, shape, special,
                                             spectral, strided)
         _LOADED.append(True)
 

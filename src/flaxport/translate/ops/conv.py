@@ -84,9 +84,19 @@ op("aten.max_pool1d.default", "aten.max_pool2d.default", "aten.max_pool3d.defaul
 @op("aten.max_pool2d_with_indices.default", "aten.max_pool3d_with_indices.default",
     "aten.max_pool1d_with_indices.default")
 def max_pool_with_indices(c, node):
-    if any(u.args[1] != 0 for u in node.users):
-        raise Unsupported("max-pool indices (return_indices=True)")
-    return Outputs((_max_pool(c, node), None))
+    """(values, indices): the indices, where read, by their own helper (a flat position per window)."""
+    n = len(c.raw("kernel_size"))
+    kernel = _ints(c, "kernel_size", n, None)
+    stride = _ints(c, "stride", n, None) if c.has("stride") and c.raw("stride") else kernel
+    padding, dilation = _ints(c, "padding", n, 0), _ints(c, "dilation", n, 1)
+    if c.channels_last:
+        return Outputs((_max_pool(c, node), Unsupported("max-pool indices channels-last (--layout nhwc)")))
+    indices = call(c.helper("max_pool_indices"), c.x("self"), c.ints(kernel, "kernel_size"),
+                   stride=c.ints(stride, "stride") if stride != kernel else None,
+                   padding=c.ints(padding, "padding") if set(padding) != {0} else None,
+                   dilation=c.ints(dilation, "dilation") if set(dilation) != {1} else None,
+                   ceil_mode="True" if c.has("ceil_mode") and c.raw("ceil_mode") else None)
+    return Outputs((_max_pool(c, node), indices))
 
 
 @op("aten.avg_pool1d.default", "aten.avg_pool2d.default", "aten.avg_pool3d.default")
@@ -107,7 +117,7 @@ def avg_pool(c, node):
 
 
 @op("aten.adaptive_avg_pool1d.default", "aten.adaptive_avg_pool2d.default", "aten.adaptive_avg_pool3d.default",
-    "aten._adaptive_avg_pool2d.default")
+    "aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default")
 def adaptive_avg_pool(c, node):
     size = tuple(c.raw("output_size"))
     n = len(size)
@@ -120,10 +130,14 @@ def adaptive_avg_pool(c, node):
 
 @op("aten.adaptive_max_pool1d.default", "aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default")
 def adaptive_max_pool(c, node):
-    if any(u.args[1] != 0 for u in node.users):
-        raise Unsupported("adaptive max-pool indices")
     size = tuple(c.raw("output_size"))
-    return Outputs((call(c.helper("adaptive_max_pool"), c.x("self"), c.ints(size, "output_size")), None))
+    indices = call(c.helper("adaptive_max_pool_indices"), c.x("self"), c.ints(size, "output_size"))
+    return Outputs((call(c.helper("adaptive_max_pool"), c.x("self"), c.ints(size, "output_size")), indices))
+
+
+@op("aten.max_unpool2d.default", "aten.max_unpool3d.default")
+def max_unpool(c, node):
+    return call(c.helper("max_unpool"), c.x("self"), c.x("indices"), c.size("output_size"))
 
 
 def _size_and_scale(c):

@@ -242,6 +242,12 @@ def gather(c, node):
 def index_put(c, node):
     indices = c.raw("indices")
     ndim = c.val("self").ndim
+    masks = [i for i, ix in enumerate(indices) if ix is not None and str(c.item_val("indices", i).dtype) == "torch.bool"]
+    if masks:  # x[mask] = v: the true places are known only when the model runs
+        if masks != [0] or len(indices) != 1:
+            raise Unsupported("a boolean mask index beside other indices")
+        return call(c.helper("index_put_mask"), c.x("self"), c.x_item("indices", 0), c.x("values"),
+                    accumulate="True" if c.has("accumulate") and c.raw("accumulate") else None)
     parts = {i: (c.x_item("indices", i).text if ix is not None else ":") for i, ix in enumerate(indices)}
     where = c.index_expr(Expr("X"), ndim, parts, keep_trailing=False).text[1:]
     fn = "add" if c.has("accumulate") and c.raw("accumulate") else "set"

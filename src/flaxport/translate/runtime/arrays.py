@@ -3,9 +3,14 @@
 Like runtime/functions.py: each function imports only jax, jax.numpy, numpy and math, takes
 torch's arguments, and the emitter copies the ones a model uses.
 """
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+
+from flaxport.translate.runtime.functions import _ceil_extra, _tuple
 
 
 def as_strided(x, size, stride, storage_offset=0):
@@ -176,3 +181,90 @@ def bessel_j(order, x):
     to rounding for |x| up to about 60 (jax.scipy.special.bessel_jn is NaN in float32)."""
     t = jnp.arange(128, dtype=x.dtype) * (2 * jnp.pi / 128)
     return jnp.mean(jnp.cos(order * t - x[..., None] * jnp.sin(t)), axis=-1)
+
+
+def searchsorted(sorted_sequence, values, side="left", sorter=None):
+    """torch.searchsorted: a 1-D sorted_sequence for every value, or one sorted row (..., M) for the
+    values (..., K) of the same leading index; `sorter` the indices that sort each row."""
+    if sorter is not None:
+        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    if sorted_sequence.ndim == 1:
+        return jnp.searchsorted(sorted_sequence, values, side=side)
+    search = jnp.vectorize(lambda row, v: jnp.searchsorted(row, v, side=side), signature="(m),(k)->(k)")
+    return search(sorted_sequence, values)
+
+
+def masked_scatter(x, mask, source):
+    """torch.masked_scatter: x where mask is false; where it is true, source's elements in row-major order."""
+    mask = jnp.broadcast_to(mask, x.shape)
+    position = jnp.cumsum(mask.reshape(-1)) - 1  # the source element each true place takes
+    taken = source.reshape(-1)[jnp.clip(position, 0, source.size - 1)].reshape(x.shape)
+    return jnp.where(mask, taken, x)
+
+
+def index_put_mask(x, mask, values, accumulate=False):
+    """x[mask] = values (+= where accumulate) for a boolean mask over x's leading dims: values hold one
+    row for each true place in row-major order, or one row for all of them."""
+    rest = x.shape[mask.ndim:]
+    rows = values.reshape((1,) * (1 + len(rest) - values.ndim) + values.shape)
+    rows = jnp.broadcast_to(rows, rows.shape[:1] + rest).astype(x.dtype)
+    position = jnp.clip(jnp.cumsum(mask.reshape(-1)) - 1, 0, rows.shape[0] - 1)  # the row each true place takes
+    taken = rows[position].reshape(x.shape)
+    where = mask.reshape(mask.shape + (1,) * len(rest))
+    return jnp.where(where, x + taken if accumulate else taken, x)
+
+
+def max_pool_indices(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """The indices torch's max_pool1d/2d/3d(return_indices=True) gives, x (N, C, *S): each window's
+    first maximum as a flat position in its (N, C) plane (row-major over S)."""
+    n = len(kernel_size)
+    stride = _tuple(stride or kernel_size, n)
+    padding, dilation = _tuple(padding, n), _tuple(dilation, n)
+    spatial = x.shape[x.ndim - n:]
+    positions = jnp.broadcast_to(jnp.arange(math.prod(spatial)).reshape(spatial), x.shape)
+    pads = [(0, 0)] * (x.ndim - n) + [(p, p + _ceil_extra(size, k, s, p, d, ceil_mode))
+                                      for size, k, s, p, d in zip(spatial, kernel_size, stride, padding, dilation)]
+
+    def first_maximum(a, b):  # the larger value; on a tie (or NaN: torch takes it) the earlier position
+        (va, pa), (vb, pb) = a, b
+        take = (vb > va) | ((vb == va) & (pb < pa)) | (jnp.isnan(vb) & ~jnp.isnan(va))
+        return jnp.where(take, vb, va), jnp.where(take, pb, pa)
+
+    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    ones = (1,) * (x.ndim - n)
+    _, found = lax.reduce_window((x, positions), (jnp.asarray(lowest, x.dtype), jnp.asarray(positions.size, positions.dtype)),
+                                 first_maximum, ones + tuple(kernel_size), ones + tuple(stride), pads,
+                                 window_dilation=ones + tuple(dilation))
+    return found
+
+
+def adaptive_max_pool_indices(x, output_size):
+    """The indices torch's adaptive_max_pool1d/2d/3d(return_indices=True) gives: each window's first
+    maximum as a flat position in its (N, C) plane (torch's windows: floor(i * size / out) to
+    ceil((i + 1) * size / out))."""
+    n = len(output_size)
+    spatial = x.shape[x.ndim - n:]
+    index, flat = [], 0
+    for axis, (size, out) in enumerate(zip(spatial, output_size)):
+        starts = np.array([(i * size) // out for i in range(out)])
+        ends = np.array([-(-((i + 1) * size) // out) for i in range(out)])
+        # each window as `width` positions (a short window repeats its last: the first maximum stays)
+        where = np.minimum(starts[:, None] + np.arange(max(ends - starts)), ends[:, None] - 1)
+        shape = [1] * (2 * n)
+        shape[axis], shape[n + axis] = out, where.shape[1]
+        index.append(where.reshape(shape))  # axes (out_0, ..., out_n-1, width_0, ..., width_n-1)
+        flat = flat * size + index[-1]
+    windows = x[(...,) + tuple(index)].reshape(x.shape[:x.ndim - n] + tuple(output_size) + (-1,))
+    flat = jnp.broadcast_to(flat, tuple(output_size) + flat.shape[n:]).reshape(tuple(output_size) + (-1,))
+    first = jnp.argmax(windows, axis=-1)  # the first maximum (NaN counts as the maximum, as in torch)
+    return jnp.take_along_axis(jnp.broadcast_to(flat, windows.shape), first[..., None], axis=-1)[..., 0]
+
+
+def max_unpool(x, indices, output_size):
+    """torch's max_unpool1d/2d/3d: zeros of (N, C, *output_size) with each value of x (N, C, *S) put at
+    the flat position of its plane that indices give."""
+    lead = x.shape[:x.ndim - len(output_size)]
+    planes = jnp.zeros(lead + (math.prod(output_size),), x.dtype)
+    plane = jnp.indices(lead + (1,), sparse=True)[:-1]  # (N, 1, 1), (1, C, 1): each value's own plane
+    flat = planes.at[(*plane, indices.reshape(lead + (-1,)))].set(x.reshape(lead + (-1,)))
+    return flat.reshape(lead + tuple(output_size))
