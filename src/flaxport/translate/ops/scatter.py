@@ -97,20 +97,21 @@ def masked_scatter(c, node):
     return call(c.helper("masked_scatter"), c.x("self"), c.x("mask"), c.x("source"))
 
 
+def _clamped(c) -> dict:
+    """The index arrays of `indices`, each clamped into its axis (they may be out of range where the mask is false)."""
+    x = c.x("self")
+    return {i: (f"jnp.clip({c.x_item('indices', i)}, 0, {x.at(ATOM)}.shape[{i}] - 1)" if ix is not None else ":")
+            for i, ix in enumerate(c.raw("indices"))}
+
+
 @op("aten._unsafe_masked_index.default")
 def unsafe_masked_index(c, node):
-    """self[indices] where mask, fill elsewhere (indices may be out of range where mask is false)."""
-    ndim = c.val("self").ndim
-    parts = {i: (f"jnp.where({c.x('mask')}, {c.x_item('indices', i)}, 0)" if ix is not None else ":")
-             for i, ix in enumerate(c.raw("indices"))}
-    return call("jnp.where", c.x("mask"), c.index_expr(c.x("self"), ndim, parts), c.x("fill"))
+    """self[indices] where mask, fill elsewhere."""
+    return call("jnp.where", c.x("mask"), c.index_expr(c.x("self"), c.val("self").ndim, _clamped(c)), c.x("fill"))
 
 
 @op("aten._unsafe_masked_index_put_accumulate.default")
 def unsafe_masked_index_put_accumulate(c, node):
-    """self with values added at indices where mask (indices may be out of range where mask is false)."""
-    ndim = c.val("self").ndim
-    parts = {i: (f"jnp.where({c.x('mask')}, {c.x_item('indices', i)}, 0)" if ix is not None else ":")
-             for i, ix in enumerate(c.raw("indices"))}
-    where = c.index_expr(Expr("X"), ndim, parts).text[1:]
+    """self with values added at indices where mask."""
+    where = c.index_expr(Expr("X"), c.val("self").ndim, _clamped(c)).text[1:]
     return Expr(f"{c.x('self').at(ATOM)}.at{where}.add(jnp.where({c.x('mask')}, {c.x('values')}, 0))")
