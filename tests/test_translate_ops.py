@@ -612,6 +612,24 @@ CASES += [
     ("batch_norm_legit_eval", aten._native_batch_norm_legit.default, (r(4, 3), r(3), r(3), r(3), pos(3), False, 0.1,
                                                                       1e-5), {}),
 ]
+CASES += [
+    ("embedding_bag_offsets_max", aten._embedding_bag.default, (r(10, 3), ri(10, 8), torch.tensor([0, 3, 3, 6]), False, 2),
+     {}),
+    ("embedding_bag_weights_padding", aten.embedding_bag.padding_idx,
+     (r(10, 3), torch.tensor([2, 5, 2, 7, 1, 2, 9, 0]), torch.tensor([0, 4]), False, 0, False, pos(8), False, 2), {}),
+    ("embedding_bag_forward_only_last_offset", aten._embedding_bag_forward_only.default,
+     (r(10, 3), ri(10, 7), torch.tensor([0, 2, 7]), False, 1, False, None, True), {}),
+    ("logspace", aten.logspace.default, (0.0, 2.0, 5), {"base": 2.0}),
+    ("nonzero_static", aten.nonzero_static.default, (r(3, 4) > 0,), {"size": 5}),
+    ("rrelu_eval", aten.rrelu_with_noise.default, (r(6), torch.zeros(6), 0.1, 0.3, False), {}),
+    ("rrelu_op_eval", aten.rrelu.default, (r(6), 0.1, 0.3, False), {}),
+    ("native_dropout_off", aten.native_dropout.default, (r(6), 0.5, False), {}),
+    ("size_int", aten.size.int, (r(3, 4), 1), {}),
+]
+# uninitialised in torch: compared on shape and dtype (test_uninitialised_ops_make_the_shape_and_dtype)
+UNINITIALISED = [("empty_strided", aten.empty_strided.default, ([2, 3], [3, 1]), {}),
+                 ("empty_permuted", aten.empty_permuted.default, ([2, 3, 4], [0, 2, 1]), {}),
+                 ("new_empty_strided", aten.new_empty_strided.default, (r(2), [3, 2], [2, 1]), {})]
 CASES += [(f"polynomial_{name[8:]}", getattr(aten, name).default, (r(8), torch.tensor([0, 1, 2, 3, 4, 5, 7, -1.0])), {})
           for name in ("special_chebyshev_polynomial_t", "special_chebyshev_polynomial_u", "special_chebyshev_polynomial_v",
                        "special_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_t",
@@ -655,6 +673,8 @@ RANDOM_CASES = [
     ("randint_like_float", aten.randint_like.default, (r(*N), 6), {}),
 ]
 REFUSED = {"aten.multinomial", "aten.randperm",  # test_sampling_without_a_translation_says_what_to_do
+           "aten.nonzero", "aten.nonzero_numpy", "aten.argwhere", "aten.masked_select", "aten._unique2",
+           "aten.unique_consecutive", "aten.unique_dim",
            "aten.chalf", "aten.special_bessel_y0", "aten.special_bessel_y1", "aten.special_modified_bessel_k0",
            "aten.special_modified_bessel_k1", "aten.special_scaled_modified_bessel_k0",
            "aten.special_scaled_modified_bessel_k1", "aten.special_airy_ai"}  # test_refused_ops_say_why
@@ -684,6 +704,7 @@ def test_every_op_in_the_table_has_a_case():
 
     ops._load()
     cases = CASES + RANDOM_CASES
+    cases += UNINITIALISED
     tested = {str(c[1]).rsplit(".", 1)[0] for c in cases} | {str(c[1]) for c in cases} | REFUSED
     untested = sorted({k for k in ops.OPS if k not in tested and k.rsplit(".", 1)[0] not in tested
                        and k not in BY_MODELS and k.rsplit(".", 1)[0] not in BY_MODELS})
@@ -751,6 +772,25 @@ def test_refused_ops_say_why(target, args, why):
     from flaxport.translate.optest import run_op
 
     with pytest.raises(Unsupported, match=why):
+        run_op(target, *args)
+
+
+@pytest.mark.parametrize("case", UNINITIALISED, ids=[c[0] for c in UNINITIALISED])
+def test_uninitialised_ops_make_the_shape_and_dtype(case):
+    from flaxport.translate.optest import run_op
+
+    _, target, args, kwargs = case
+    (got,), (expected,), code = run_op(target, *args, **kwargs)
+    assert got.shape == expected.shape and got.dtype == expected.dtype, code
+
+
+@pytest.mark.parametrize("target,args", [(aten.nonzero.default, (r(3, 4) > 0,)), (aten.masked_select.default, (r(3), r(3) > 0)),
+                                         (aten._unique2.default, (ri(3, 6),)), (aten.argwhere.default, (r(3) > 0,))])
+def test_value_sized_results_are_refused_saying_why(target, args):
+    from flaxport.translate.ops import Unsupported
+    from flaxport.translate.optest import run_op
+
+    with pytest.raises(Unsupported, match="size depends on tensor values"):
         run_op(target, *args)
 
 

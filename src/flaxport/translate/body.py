@@ -19,7 +19,7 @@ from flaxport.translate import capture as cap
 from flaxport.translate import ops as oplib
 from flaxport.translate import source as src
 from flaxport.translate.context import OpContext
-from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported
+from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call
 
 SHORT_NAMES = {"scaled_dot_product_attention": "attn", "layer_norm": "normed", "group_norm": "normed",
                "batch_norm": "normed", "linear": "h", "conv2d": "h", "conv1d": "h", "conv3d": "h",
@@ -602,7 +602,8 @@ class BodyRenderer:
         ctx = OpContext(self, node)
         try:
             _sized_before_running(node)
-            out = ctx.finish(handler(ctx, node))
+            empty = _empty_result(ctx, node)
+            out = empty if empty is not None else ctx.finish(handler(ctx, node))
         except Unsupported as e:
             self.plan.unsupported(node, self.frame, str(e))
             return Expr(f"unsupported_{_safe_name(cap._target_name(node))}()")
@@ -718,6 +719,21 @@ RESERVED |= {"conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_poo
              "grid_sample", "unfold", "fold", "scatter", "nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits",
              "read_safetensors", "load", "json", "os", "Buffer", "TorchModule"}
 RESERVED |= {n for n in dir(__import__("flaxport.translate.runtime.arrays", fromlist=["_"])) if not n.startswith("_")}
+
+
+def _empty_result(ctx, node):
+    """An op whose every result is an empty array (a size 0 that export fixed): the zeros of that shape,
+    whatever the op (JAX refuses some ops on empty arrays, such as a reshape to -1). Random ops still
+    draw (their draws are counted)."""
+    import torch
+
+    val = node.meta.get("val")
+    vals = list(val) if isinstance(val, (list, tuple)) else [val]
+    if not vals or not all(torch.is_tensor(v) and 0 in [ctx.static(s) for s in v.shape] for v in vals) or \
+            torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+        return None
+    zeros = [call("jnp.zeros", ctx.size(list(v.shape)), ctx.dtype(v.dtype)) for v in vals]
+    return Outputs(tuple(zeros)) if isinstance(val, (list, tuple)) else zeros[0]
 
 
 def _sized_before_running(node):

@@ -33,7 +33,11 @@ def decomposition(op):
     if not isinstance(op, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in op.tags:
         return None  # a random op's decomposition draws other numbers than torch's kernel
     fn = _table().get(op)
-    if fn is None and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+    try:
+        composite = op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+    except RuntimeError:  # an op the dispatcher does not know by that name (aten.size.int)
+        composite = False
+    if fn is None and composite:
         fn = op.decompose
     if fn is None:
         from torch._decomp import decomposition_table

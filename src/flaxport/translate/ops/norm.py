@@ -91,10 +91,7 @@ def batch_norm(c, node):
     ndim = c.val("input").ndim
     channel = repr((-1,) if c.channels_last else (1, -1) + (1,) * (ndim - 2))
     native = not str(node.target).startswith("aten.batch_norm")
-    if training:
-        if c.has("running_mean"):
-            raise Unsupported("F.batch_norm in train mode with running statistics, which it updates in place "
-                              "(use nn.BatchNorm*)")
+    if training:  # batch statistics (capture.running_statistics writes a module's running ones)
         axes = tuple(range(ndim - 1)) if c.channels_last else (0,) + tuple(range(2, ndim))
         mean = call("jnp.mean", x, axis=repr(axes), keepdims="True")
         var = call("jnp.var", x, axis=repr(axes), keepdims="True")

@@ -1,6 +1,8 @@
 """Reductions (sum, mean, max, var with torch's correction, ...) and scans."""
 from __future__ import annotations
 
+import math
+
 from flaxport.translate.ops import ATOM, UNARY, Expr, Outputs, call, op
 
 
@@ -101,15 +103,20 @@ def var_mean(c, node):
 def vector_norm(c, node):
     order = c.raw("ord") if c.has("ord") else 2
     x = c.x("self")
-    return call("jnp.linalg.vector_norm", x, ord=repr(order) if order != 2 else None, axis=_axis(c),
-                keepdims=_keep(c))
+    return call("jnp.linalg.vector_norm", x, ord=_order(c, order) if order != 2 else None,
+                axis=_axis(c), keepdims=_keep(c))
+
+
+def _order(c, order) -> Expr:
+    """A norm's order as written: `jnp.inf` for an infinite one (repr would write a bare `inf`)."""
+    return c.lit(order, "ord") if isinstance(order, float) and not math.isfinite(order) else Expr(repr(order))
 
 
 @op("aten.norm.ScalarOpt_dim")
 def norm(c, node):
     order = c.raw("p") if c.has("p") else 2
-    return call("jnp.linalg.vector_norm", c.x("self"), ord=repr(order) if order != 2 else None, axis=_axis(c),
-                keepdims=_keep(c))
+    return call("jnp.linalg.vector_norm", c.x("self"), ord=_order(c, order) if order != 2 else None,
+                axis=_axis(c), keepdims=_keep(c))
 
 
 @op("aten.cumsum.default", "aten.cumprod.default")

@@ -351,6 +351,8 @@ def detach(c, node):
 @op("aten.to.dtype", "aten.to.device", "aten.to.dtype_layout", "aten._to_copy.default", "aten.type_as.default")
 def to(c, node):
     target = c.out.dtype
+    if str(target) == "torch.complex32":
+        raise Unsupported("complex32 (torch.chalf), which JAX has no dtype for")
     return Expr(f"{c.x('self').at(ATOM)}.astype({c.dtype(target, follow=node)})")
 
 

@@ -75,11 +75,10 @@ def unfold(c, node):
     ndim = c.val("self").ndim
     dim = c.dim("dimension", ndim) if ndim else 0
     size, step = c.raw("size"), c.raw("step")
-    length = c.static(c.val("self").shape[dim]) if ndim else 1
-    if length is None:
-        raise Unsupported("unfold of a dimension whose size is not fixed")
-    count = (length - size) // step + 1
-    x = c.x("self") if ndim else Expr(f"{c.x('self').at(ATOM)}.reshape(1)")
+    if not ndim:  # a 0-d tensor unfolds into its one element
+        return Expr(f"{c.x('self').at(ATOM)}.reshape(1)")
+    count = c.lit(c.out.shape[dim], "count").text  # (length - size) // step + 1, symbolic or not
+    x = c.x("self")
     starts = f"jnp.arange({count})" if step == 1 else f"(jnp.arange({count}) * {step})"
     taken = call("jnp.take", x, Expr(f"{starts}[:, None] + jnp.arange({size})"), axis=dim)
     return taken if dim == max(ndim, 1) - 1 else call("jnp.moveaxis", taken, dim + 1, -1)
@@ -92,7 +91,7 @@ def alias(c, node):
 
 
 # --------------------------------------------------------------------------- sizes read from arrays
-@op("aten.sym_size.int")
+@op("aten.sym_size.int", "aten.size.int")
 def sym_size(c, node):
     return Expr(f"{c.x('self').at(ATOM)}.shape[{c.dim('dim')}]")
 

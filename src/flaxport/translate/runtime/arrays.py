@@ -54,7 +54,7 @@ def pdist(x, p=2.0):
 
 
 def embedding_bag(weight, indices, offsets, mode="mean", per_sample_weights=None, include_last_offset=False,
-                  padding_idx=None):
+                  padding_idx=None):  # torch's default mode is "mean"
     """torch's F.embedding_bag: sums / means / maxes of the embeddings of each bag. 2-D indices
     (B, N) are B bags of N; 1-D indices are cut into bags at `offsets`. -> (bags, D)."""
     if indices.ndim == 2:
