@@ -442,8 +442,8 @@ CASES += [
     ("linalg_qr_complete", aten.linalg_qr.default, (r(4, 3), "complete"), {}),
     ("linalg_qr_r", aten.linalg_qr.default, (r(2, 4, 3), "r"), {}),
     ("qr", aten.qr.default, (r(4, 3),), {}),
-    ("linalg_svd", aten.linalg_svd.default, (r(4, 3), False), {}),
-    ("svd", aten.svd.default, (r(3, 4),), {}),
+    ("linalg_svd_values", aten.linalg_svd.default, (r(4, 3), False), {}),
+    ("svd_values", aten.svd.default, (r(3, 4),), {}),
     ("linalg_svdvals", aten.linalg_svdvals.default, (r(2, 3, 4),), {}),
     ("linalg_eigvals_via_eig", aten.linalg_eig.default, (spd(3, 3),), {}),
     ("linalg_eigvals", aten.linalg_eigvals.default, (spd(3, 3),), {}),
@@ -625,6 +625,7 @@ CASES += [
     ("rrelu_op_eval", aten.rrelu.default, (r(6), 0.1, 0.3, False), {}),
     ("native_dropout_off", aten.native_dropout.default, (r(6), 0.5, False), {}),
     ("size_int", aten.size.int, (r(3, 4), 1), {}),
+    ("resize_shrinks", aten.resize.default, (r(3, 4), [2, 5]), {}),
 ]
 # uninitialised in torch: compared on shape and dtype (test_uninitialised_ops_make_the_shape_and_dtype)
 UNINITIALISED = [("empty_strided", aten.empty_strided.default, ([2, 3], [3, 1]), {}),

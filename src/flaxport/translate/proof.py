@@ -343,7 +343,12 @@ def _jax_arguments(t, dtype) -> list:
     from torch.utils import _pytree
 
     def convert(leaf):
-        return jnp.asarray(_np(_cast(leaf, dtype))) if torch.is_tensor(leaf) else leaf
+        if not torch.is_tensor(leaf):
+            return leaf
+        leaf = _cast(leaf, dtype)
+        if leaf.dtype == torch.bfloat16:  # NumPy has no bfloat16: through float32, exactly
+            return jnp.asarray(leaf.float().numpy()).astype(jnp.bfloat16)
+        return jnp.asarray(_np(leaf))
 
     out = []
     for value in t.call_arguments:

@@ -9,9 +9,8 @@
 A sample's tensors (its input, and every tensor in its args and kwargs, lists included) are
 the module's forward arguments, by name (`x`, `arg1`, `dim`, ...), so torch.export sees them
 as inputs with sizes it may keep symbolic; everything else in the sample stays a constant of
-the call. Importing op_db needs the `expecttest` package, and freezes torch.backends' flags
-outside their flags() contexts (torch's test-suite setting): flaxport's own code sets them
-through those contexts.
+the call. Importing op_db needs the `expecttest` package; it freezes torch.backends' flags outside
+their flags() contexts (torch's test-suite setting), which this module undoes.
 """
 from __future__ import annotations
 
@@ -27,6 +26,9 @@ def _entries() -> dict:
     """{name: OpInfo} of the entries with float32 CPU samples."""
     import torch
     from torch.testing._internal.common_methods_invocations import op_db
+
+    # importing it froze torch.backends' flags (torch's test-suite setting): not this process's
+    setattr(torch.backends, "__allow_nonbracketed_mutation_flag", True)
 
     out = {}
     for op in op_db:

@@ -119,21 +119,13 @@ def qr_old(c, node):
 
 @op("aten.linalg_svd.default")
 def svd(c, node):
-    full = c.raw("full_matrices") if c.has("full_matrices") else True
-    result = call("jnp.linalg.svd", c.x("A"), full_matrices=None if full else "False")
-    return Outputs(tuple(Expr(f"{result.at(ATOM)}[{i}]") for i in range(3)))
+    return Outputs((SINGULAR_VECTORS, call("jnp.linalg.svd", c.x("A"), compute_uv="False"), SINGULAR_VECTORS))
 
 
 @op("aten.svd.default")
 def svd_old(c, node):
-    """torch.svd: (U, S, V) with V (not V^H), reduced by default."""
-    some = c.raw("some") if c.has("some") else True
-    if c.has("compute_uv") and not c.raw("compute_uv"):
-        raise Unsupported("torch.svd(compute_uv=False) (zero-filled U and V)")
-    result = call("jnp.linalg.svd", c.x("self"), full_matrices="False" if some else None)
-    vh = Expr(f"{result.at(ATOM)}[2]")
-    v = call("jnp.conj", _mT(vh)) if c.val("self").is_complex() else _mT(vh)
-    return Outputs((Expr(f"{result.at(ATOM)}[0]"), Expr(f"{result.at(ATOM)}[1]"), v))
+    """torch.svd: (U, S, V)."""
+    return Outputs((SINGULAR_VECTORS, call("jnp.linalg.svd", c.x("self"), compute_uv="False"), SINGULAR_VECTORS))
 
 
 @op("aten.linalg_svdvals.default")
@@ -141,9 +133,12 @@ def svdvals(c, node):
     return call("jnp.linalg.svd", c.x("A"), compute_uv="False")
 
 
-# Eigenvectors are unique only up to a sign (a phase) each, and JAX's LAPACK picks others than torch's.
+# Eigenvectors and singular vectors are unique only up to a sign (a phase) each, and JAX's LAPACK picks
+# others than torch's for some matrices.
 EIGENVECTORS = Unsupported("eigenvectors, unique only up to sign, come out with other signs than torch's; "
                            "use eigenvalues, or normalise the vectors' signs after the call")
+SINGULAR_VECTORS = Unsupported("singular vectors, unique only up to sign, come out with other signs than "
+                               "torch's; use singular values (svdvals), or normalise the vectors' signs after the call")
 
 
 @op("aten.linalg_eig.default")

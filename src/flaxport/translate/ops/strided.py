@@ -10,17 +10,21 @@ from flaxport.translate.ops import ATOM, Expr, Unsupported, call, op
 
 
 def _contiguous(c, name="self"):
+    """Refuse an as_strided of a tensor torch holds other than row-major (sizes may be symbolic)."""
+    import sympy
+
     val = c.val(name)
-    shape = [c.static(s) for s in val.shape]
-    strides = [c.static(s) for s in val.stride()] if hasattr(val, "stride") else None
-    if None in shape or strides is None or None in strides:
-        raise Unsupported("as_strided of a tensor whose size is not fixed")
-    expected, step = [], 1
-    for n in reversed(shape):
-        expected.insert(0, step)
-        step *= max(n, 1)
-    if any(n > 1 and s != e for n, s, e in zip(shape, strides, expected)):
-        raise Unsupported("as_strided of a tensor that is not contiguous in torch (its elements are elsewhere)")
+    expected = sympy.Integer(1)
+    for size, stride in reversed(list(zip(val.shape, val.stride()))):
+        if c.static(size) != 1 and sympy.simplify(_expr(stride) - expected) != 0:
+            raise Unsupported("as_strided of a tensor that is not contiguous in torch (its elements are elsewhere)")
+        expected = expected * _expr(size)
+
+
+def _expr(size):
+    import sympy
+
+    return size.node.expr if hasattr(size, "node") else sympy.Integer(size)
 
 
 @op("aten.as_strided.default", "aten.as_strided_copy.default")
@@ -57,9 +61,7 @@ def diagonal_scatter(c, node):
     ndim = c.val("self").ndim
     offset = c.raw("offset") if c.has("offset") else 0
     a, b = c.dim("dim1", ndim), c.dim("dim2", ndim)
-    n = c.static(c.val("src").shape[-1])
-    if n is None:
-        raise Unsupported("diagonal_scatter of a diagonal whose length is not fixed")
+    n = c.lit(c.val("src").shape[-1], "length").text  # read from an array where export kept it symbolic
     parts = [":"] * ndim
     parts[a] = f"jnp.arange({n})" + (f" + {-offset}" if offset < 0 else "")
     parts[b] = f"jnp.arange({n})" + (f" + {offset}" if offset > 0 else "")
@@ -121,3 +123,15 @@ def item(c, node):
     """Tensor.item(): the one element, as a 0-d array (inside jit a Python number cannot be read)."""
     return Expr(f"{c.x('self').at(ATOM)}.reshape(())")
 
+
+
+@op("aten.resize.default")
+def resize(c, node):
+    """Tensor.resize_ to as many elements or fewer: the first ones, in row-major order."""
+    x = c.x("self")
+    old = c.static(c.val("self").numel())
+    new = c.static(c.out.numel())
+    if old is None or new is None or new > old:
+        raise Unsupported("resize_ growing a tensor (torch leaves the new elements uninitialised) or of sizes "
+                          "that are not fixed")
+    return Expr(f"{x.at(ATOM)}.reshape(-1)[:{new}].reshape({c.size('size').text})")
