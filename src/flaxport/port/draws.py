@@ -25,6 +25,8 @@ JAX_FUNCTION = {
     "randint": "randint", "randint_like": "randint",
     "exponential": "exponential", "exponential_": "exponential",
     "poisson": "poisson",
+    "cauchy": "cauchy", "cauchy_": "cauchy", "log_normal": "normal", "log_normal_": "normal",
+    "geometric": "geometric", "geometric_": "geometric",
 }
 
 
@@ -56,6 +58,14 @@ def standard_draw(name: str, args, kwargs, out) -> np.ndarray:
     if name.startswith("exponential"):
         lambd = args[1] if len(args) > 1 else kwargs.get("lambd", 1.0)
         return value * lambd
+    if name.startswith("cauchy"):  # cauchy_(self, median=0, sigma=1)
+        median = args[1] if len(args) > 1 else kwargs.get("median", 0.0)
+        sigma = args[2] if len(args) > 2 else kwargs.get("sigma", 1.0)
+        return (value - median) / sigma
+    if name.startswith("log_normal"):  # log_normal_(self, mean=1, std=2): exp of a normal draw
+        mean = args[1] if len(args) > 1 else kwargs.get("mean", 1.0)
+        std = args[2] if len(args) > 2 else kwargs.get("std", 2.0)
+        return (np.log(value) - mean) / std
     return value
 
 

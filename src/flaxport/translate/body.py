@@ -19,7 +19,7 @@ from flaxport.translate import capture as cap
 from flaxport.translate import ops as oplib
 from flaxport.translate import source as src
 from flaxport.translate.context import OpContext
-from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported
+from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call
 
 SHORT_NAMES = {"scaled_dot_product_attention": "attn", "layer_norm": "normed", "group_norm": "normed",
                "batch_norm": "normed", "linear": "h", "conv2d": "h", "conv1d": "h", "conv3d": "h",
@@ -76,6 +76,7 @@ class BodyRenderer:
         self.exprs: dict = {}  # fx node -> Expr for values rendered inline or precomputed
         self.multi: dict = {}  # multi-output node -> Outputs
         self.lines: list = []
+        self.decomposed: set = set()  # ops whose decomposition this body has said it writes
 
     # ------------------------------------------------------------------ structure
     def _units(self):
@@ -190,6 +191,9 @@ class BodyRenderer:
                 self.holder[name] = v
         for u in self.units:
             self._emit(u)
+        for v in outputs:
+            if v in self.inline and self.producer.get(v) is not None and self.producer[v].kind == "op":
+                self._say_decomposed(self.producer[v])
         self.lines.append(self._return(outputs))
         params = self.capture.input_names if self.frame.parent is None else self.plan.param_names(self.frame)
         return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
@@ -311,6 +315,11 @@ class BodyRenderer:
         last = -1
         for user in self.consumers.get(v, []):
             last = math.inf if user == "return" else max(last, self.positions[user])
+            if user != "return" and user.kind == "op" and isinstance(user.node.meta.get("val"), (list, tuple)):
+                # a multi-output op may be one expression per output (Outputs), each reading v where it is
+                # written (an inlined getitem: in its consumer's statement)
+                for item in user.node.users:
+                    last = max(last, self.positions.get(self.producer.get(item), -1))
         return last
 
     def _assign_names(self, out_set):
@@ -402,6 +411,7 @@ class BodyRenderer:
                 self.lines.append(f"{', '.join(names)} = {expr.text}")
             return
         node = u.node
+        self._say_decomposed(u)
         val = node.meta.get("val")
         if isinstance(val, (list, tuple)):
             result = self._op_expr(node)
@@ -431,6 +441,24 @@ class BodyRenderer:
         expr = self._output_of(node) or self._op_expr(node)
         self._bind(node)
         self.lines.append(f"{self.names[node]} = {expr.text}")
+
+    def _say_decomposed(self, u):
+        """A comment before the first statement computing (part of) an op the op table has no handler
+        for, written as torch decomposes it (flaxport.translate.decompose)."""
+        ops, todo, seen = [], [u.node], set()
+        while todo:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            if node.meta.get("decomposed") and node.meta["decomposed"] not in ops:
+                ops.append(node.meta["decomposed"])
+            todo += [a for a in node.all_input_nodes if a in self.inline and a not in self.names
+                     and self.producer.get(a) is not None and self.producer[a].kind == "op"]
+        for op in ops:
+            if op not in self.decomposed:
+                self.decomposed.add(op)
+                self.comment(f"{op.removesuffix('.default')}, as torch decomposes it")
 
     def comment(self, text: str):
         """A comment line before the statement being rendered."""
@@ -506,8 +534,9 @@ class BodyRenderer:
                 self.exprs.pop(parent, None)
         if parent in self.multi:
             part = self.multi[parent][v.args[1]]
-            if part is None:
-                raise Unsupported("an output of this op")
+            if part is None or isinstance(part, Unsupported):  # an output the handler cannot compute
+                self.plan.unsupported(parent, self.frame, str(part or "an output of this op"))
+                return Expr(f"unsupported_{_safe_name(cap._target_name(parent))}()")
             return part
         if parent in self.exprs:
             return Expr(f"{self.exprs[parent].at(ATOM)}[{v.args[1]}]")
@@ -572,7 +601,9 @@ class BodyRenderer:
             return Expr(f"unsupported_{_safe_name(cap._target_name(node))}()")
         ctx = OpContext(self, node)
         try:
-            out = handler(ctx, node)
+            _sized_before_running(node)
+            empty = _empty_result(ctx, node)
+            out = empty if empty is not None else ctx.finish(handler(ctx, node))
         except Unsupported as e:
             self.plan.unsupported(node, self.frame, str(e))
             return Expr(f"unsupported_{_safe_name(cap._target_name(node))}()")
@@ -687,6 +718,34 @@ RESERVED |= {"conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_poo
              "pixel_shuffle", "channel_shuffle", "cosine_similarity", "lstm_cell", "gru_cell", "rnn_cell", "affine_grid",
              "grid_sample", "unfold", "fold", "scatter", "nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits",
              "read_safetensors", "load", "json", "os", "Buffer", "TorchModule"}
+RESERVED |= {n for n in dir(__import__("flaxport.translate.runtime.arrays", fromlist=["_"])) if not n.startswith("_")}
+
+
+def _empty_result(ctx, node):
+    """An op whose every result is an empty array (a size 0 that export fixed): the zeros of that shape,
+    whatever the op (JAX refuses some ops on empty arrays, such as a reshape to -1). Random ops still
+    draw (their draws are counted)."""
+    import torch
+
+    val = node.meta.get("val")
+    vals = list(val) if isinstance(val, (list, tuple)) else [val]
+    if not vals or not all(torch.is_tensor(v) and 0 in [ctx.static(s) for s in v.shape] for v in vals) or \
+            torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+        return None
+    zeros = [call("jnp.zeros", ctx.size(list(v.shape)), ctx.dtype(v.dtype)) for v in vals]
+    return Outputs(tuple(zeros)) if isinstance(val, (list, tuple)) else zeros[0]
+
+
+def _sized_before_running(node):
+    """Refuse an op whose result's size depends on tensor values (a slice at `t.item()`, nonzero,
+    masked_select): jit compiles for sizes known before the model runs."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    from torch.utils import _pytree
+
+    tensors = [v for v in _pytree.tree_leaves(node.meta.get("val")) if torch.is_tensor(v)]
+    if any(free_unbacked_symbols(tuple(t.shape)) for t in tensors):
+        raise Unsupported("its result's size depends on tensor values, which a jitted JAX function cannot have")
 
 
 def _safe_name(name: str) -> str:
@@ -710,6 +769,9 @@ def _print(expr, resolve, held=lambda e: None) -> Expr:
         if isinstance(e, sympy.Integer) or e.is_Integer:
             v = int(e)
             return Expr(str(v), ATOM if v >= 0 else oplib.UNARY)
+        if e.is_Float or e.is_Rational:  # a scale factor in a size (interpolate's scale_factor=1.7)
+            v = float(e)
+            return Expr(repr(v), ATOM if v >= 0 else oplib.UNARY)
         if isinstance(e, sympy.Add):
             terms = sorted(e.args, key=lambda t: (t.is_number, str(t)))
             text = go(terms[0]).at(oplib.ADD)
@@ -741,6 +803,11 @@ def _print(expr, resolve, held=lambda e: None) -> Expr:
             return Expr(f"{name.lower()}({', '.join(go(a).text for a in e.args)})")
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
             return Expr(f"{go(e.base).at(oplib.POWER + 1)} ** {int(e.exp)}", oplib.POWER)
+        if name == "FloatTrueDiv":
+            a, b = e.args
+            return Expr(f"{go(a).at(oplib.MUL)} / {go(b).at(oplib.MUL + 1)}", oplib.MUL)
+        if name == "ToFloat":
+            return Expr(f"float({go(e.args[0]).text})")
         if name in ("TruncToInt", "FloorToInt", "floor", "IntTrueDiv"):
             return Expr(f"int({go(e.args[0]).text})")
         raise Unsupported(f"a size expression {e}")

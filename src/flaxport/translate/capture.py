@@ -25,6 +25,7 @@ import operator
 import re
 import warnings
 
+from flaxport.translate.decompose import decompose
 from flaxport.translate.errors import ExportError, TranslateError
 
 INT64_MAX = 9223372036854775807
@@ -220,6 +221,9 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
     placeholders, user_inputs = _placeholders(program)
     names, access = input_paths(m, args, kwargs, len(user_inputs))
     buffer_updates = functionalize(graph, placeholders)
+    while decompose(graph, has_translation, keep=set(buffer_updates.values())):
+        functionalize(graph, placeholders)  # decompositions write in place too (out.clamp_min_(0))
+    buffer_updates.update(running_statistics(graph, placeholders))
     _drop_pass_through(graph)
     _eliminate_dead_code(graph, set(buffer_updates.values()))
     output = next(n for n in graph.nodes if n.op == "output")
@@ -406,6 +410,72 @@ def functionalize(graph, placeholders) -> dict:
     return buffer_updates
 
 
+# Functional batch norms that update running statistics they are given, in place, in train mode.
+RUNNING_STATISTICS = {"aten.batch_norm.default", "aten.native_batch_norm.default",
+                      "aten._native_batch_norm_legit.default"}
+
+
+def running_statistics(graph, placeholders) -> dict:
+    """F.batch_norm(x, running_mean, running_var, training=True) in a module's own forward: the training IR
+    hides its in-place update of the two buffers; -> {buffer target: node of its new value}
+    (running = (1 - momentum) * running + momentum * batch statistic, the variance unbiased). Running
+    statistics that are not the module's buffers (tensors the caller passes in) are left as they are:
+    a JAX function returns new arrays, it does not write its arguments."""
+    import torch
+
+    aten = torch.ops.aten
+    updates = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or str(node.target) not in RUNNING_STATISTICS:
+            continue
+        x, running_mean, running_var, training, momentum = (node.args[0],) + tuple(node.args[3:7])
+        if not training:
+            continue
+        ndim = x.meta["val"].ndim
+        axes = [0] + list(range(2, ndim))
+        for running, statistic in ((running_mean, aten.mean.dim), (running_var, aten.var.correction)):
+            ph = placeholders.get(running)
+            if ph is None or ph.kind != "buffer":
+                continue
+            with graph.inserting_after(node):
+                kwargs = {"correction": 1} if statistic is aten.var.correction else {}
+                batch = _call_like(graph, node, statistic, (x, axes), kwargs)
+            with graph.inserting_after(batch):
+                kept = _call_like(graph, node, aten.mul.Tensor, (running, 1 - momentum))
+            with graph.inserting_after(kept):
+                added = _call_like(graph, node, aten.mul.Tensor, (batch, momentum))
+            with graph.inserting_after(added):
+                updates[ph.target] = _call_like(graph, node, aten.add.Tensor, (kept, added))
+    return updates
+
+
+def _call_like(graph, like, target, args, kwargs=None):
+    """A new call node with `like`'s source line and module path, its example value computed."""
+    import torch
+    import torch.fx
+    from torch._guards import detect_fake_mode
+
+    node = graph.call_function(target, tuple(args), kwargs or {})
+    node.meta = {k: v for k, v in like.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")}
+    values = torch.fx.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+    with detect_fake_mode([like.args[0].meta["val"]]):
+        node.meta["val"] = target(*values[0], **values[1])
+    return node
+
+
+def has_translation(node) -> bool:
+    """Is the node translated as it is (a handler in the op table, or dropped or rendered by capture
+    and body), rather than through torch's decomposition of it?"""
+    import torch
+
+    from flaxport.translate import ops
+
+    if not isinstance(node.target, torch._ops.OpOverload) or _is_sym(node):
+        return True
+    name = str(node.target)
+    return name in PASS_THROUGH or name in ASSERTS or _is_inplace(node) or ops.lookup(node) is not None
+
+
 def _later_uses(view, after, graph) -> bool:
     seen = False
     for node in graph.nodes:
@@ -465,9 +535,12 @@ def _same_dtype_and_layout(node) -> bool:
 
 
 def _is_sym(node) -> bool:
+    """Does the node compute a size (read from arrays' shapes where it is used)? `.item()` computes a
+    number from an array's value: an op like any other."""
     import torch
 
-    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)) and \
+        str(node.target) not in ("aten.item.default", "aten._local_scalar_dense.default")
 
 
 def _source(node) -> str:

@@ -235,7 +235,7 @@ def init_lines(plan, path, synth: dict) -> list:
     capture = next(iter(plan.captures.values()))
     for full, value in plan.constants(capture).items():
         owner, _, attr = full.rpartition(".")
-        if owner == path and torch.is_tensor(value) and value.numel() > 1:
+        if owner == path and torch.is_tensor(value):
             lines.append(_slot_line([f"self.{attr} = Buffer(jnp.zeros("] + _shape_parts(value, attr)
                                     + [_dtype_suffix(value) + "))"]))
     for attr, ctor in synth.items():

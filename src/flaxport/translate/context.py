@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import math
 
-from flaxport.translate.ops import ATOM, UNARY, Expr, Unsupported
+from flaxport.translate.ops import ATOM, UNARY, Expr, Outputs, Unsupported
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 JNP_DTYPES = {"float32": "jnp.float32", "float64": "jnp.float64", "float16": "jnp.float16",
               "bfloat16": "jnp.bfloat16", "int64": "int", "int32": "jnp.int32", "int16": "jnp.int16",
               "int8": "jnp.int8", "uint8": "jnp.uint8", "bool": "bool", "complex64": "jnp.complex64"}
+
+# Arguments naming an axis: an op taking one reads a 0-d tensor as torch does, as one of shape (1,).
+DIM_ARGS = ("dim", "dims", "dim0", "dim1", "start_dim", "end_dim", "axis", "axis0", "axis1", "source",
+            "destination")
+
 
 class OpContext:
     """What an op handler sees (see flaxport.translate.ops)."""
@@ -23,6 +28,38 @@ class OpContext:
         self.out = node.meta.get("val")
         self.mode = body.capture.mode
         self.args = _normalize(node)
+        self.lifted = self._lift_scalars()
+        if self.lifted:
+            self.out = _lifted(self.out)
+
+    def _lift_scalars(self) -> set:
+        """The 0-d tensor arguments of an op taking an axis: torch reads dim 0 (or -1) of a 0-d tensor
+        as the axis of a 1-element one, jnp refuses it; the handler sees them as shape (1,) (x.reshape(1))
+        and the result is reshaped to torch's (`finish`)."""
+        if not any(self.args.get(k) is not None for k in DIM_ARGS):
+            return set()
+        ndims = {k: getattr(getattr(v, "meta", {}).get("val"), "ndim", None) for k, v in self.args.items()}
+        tensors = [k for k, n in ndims.items() if n is not None]
+        if not tensors or ndims[tensors[0]] != 0:
+            return set()  # the dim indexes the first tensor argument: only a 0-d one is read as 1-d
+        return {k for k in tensors if ndims[k] == 0}
+
+    def finish(self, result):
+        """The handler's result in torch's shape (for an op computed on lifted 0-d arguments)."""
+        if not self.lifted:
+            return result
+        out = self.node.meta.get("val")
+        if isinstance(result, Outputs):
+            return Outputs(tuple(None if r is None else self._shaped(r, o) for r, o in zip(result, out)))
+        if isinstance(out, (list, tuple)):
+            return Outputs(tuple(self._shaped(Expr(f"{result.at(ATOM)}[{i}]"), o) for i, o in enumerate(out)))
+        return self._shaped(result, out)
+
+    def _shaped(self, expr, val) -> Expr:
+        shape = tuple(self.static(s) for s in getattr(val, "shape", ()))
+        if None in shape:
+            raise Unsupported("a 0-d tensor where the result's size is not fixed")
+        return Expr(f"{expr.at(ATOM)}.reshape({shape!r})")
 
     # arguments
     def has(self, name) -> bool:
@@ -37,6 +74,8 @@ class OpContext:
 
     def val(self, name):
         v = self.args.get(name)
+        if name in self.lifted:
+            return _lifted(v.meta["val"])
         return v.meta.get("val") if hasattr(v, "meta") else v
 
     def is_float(self, name) -> bool:
@@ -46,6 +85,8 @@ class OpContext:
         return isinstance(v, float)
 
     def x(self, name) -> Expr:
+        if name in self.lifted:
+            return Expr(f"{self._render(self.args[name], name).at(ATOM)}.reshape(1)")
         return self._render(self.args.get(name), name)
 
     def x_index(self, i) -> Expr:
@@ -90,7 +131,7 @@ class OpContext:
         from flaxport.translate import layout as lay
 
         v = self.args.get(arg)
-        ndim = v.meta["val"].ndim if hasattr(v, "meta") else 1
+        ndim = self.val(arg).ndim if hasattr(v, "meta") else 1
         d = dim % max(ndim, 1)
         if hasattr(v, "meta") and self.body.plan.wanted(self.body.capture, self.node, v) == lay.LAST:
             return lay.to_layout_dim(d, ndim)
@@ -194,6 +235,22 @@ class OpContext:
         attr = self.body.plan.synth_name(self.body.frame, self.node, base)
         self.body.synth[attr] = constructor
         return Expr(f"self.{attr}")
+
+
+class _Lifted:
+    """A 0-d tensor's example value seen as shape (1,) (OpContext._lift_scalars)."""
+
+    def __init__(self, val):
+        self.val, self.shape, self.ndim, self.dtype = val, (1,), 1, val.dtype
+
+    def __getattr__(self, name):
+        return getattr(self.val, name)
+
+
+def _lifted(val):
+    if isinstance(val, (list, tuple)):
+        return type(val)(_lifted(v) for v in val)
+    return _Lifted(val) if getattr(val, "ndim", None) == 0 else val
 
 
 def _normalize(node) -> dict:

@@ -22,11 +22,11 @@ _MARK = re.compile("\x00(\\d+)\x00")
 def _runtime_sources(conv: str = "xla") -> dict:
     """name -> (order, source, names it refers to) for every top-level def in the runtime
     (with conv="native", runtime/native.py's definitions in place of those of the same name)."""
-    from flaxport.translate.runtime import functions, layers, native
+    from flaxport.translate.runtime import arrays, functions, layers, native
 
     out = {}
     order = 0
-    for mod in (functions, layers) + ((native,) if conv == "native" else ()):
+    for mod in (functions, arrays, layers) + ((native,) if conv == "native" else ()):
         text = inspect.getsource(mod)
         tree = ast.parse(text)
         lines = text.splitlines()

@@ -138,6 +138,8 @@ def layer_spec(module, frames) -> LayerSpec | None:
                                    core="aten.rnn_relu.input")
     if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and module.padding_mode != "zeros":
         return None
+    if _unbatched(module, frames):
+        return None  # an unbatched input (C, *S): the op table's convolution takes it
     if isinstance(module, nn.LSTM) and getattr(module, "proj_size", 0):
         return None
     if isinstance(module, nn.Embedding) and (module.max_norm is not None or module.scale_grad_by_freq):
@@ -150,6 +152,20 @@ def layer_spec(module, frames) -> LayerSpec | None:
             if name not in spec.ops and not _is_sym(node):
                 return None
     return spec
+
+
+def _unbatched(module, frames) -> bool:
+    """Is a convolution layer called on an input without a batch axis?"""
+    from torch import nn
+
+    if not isinstance(module, (nn.modules.conv._ConvNd,)):
+        return False
+    for frame in frames:
+        for node in frame.all_nodes():
+            if str(node.target) in _CONV_OPS | _CONVT_OPS and node.args and hasattr(node.args[0], "meta") and \
+                    node.args[0].meta["val"].ndim == module.weight.ndim - 1:
+                return True
+    return False
 
 
 def dropout_broadcast(module) -> tuple:

@@ -56,7 +56,7 @@ def run_op(target, *args, replay: bool = False, **kwargs):
     from jax import lax
 
     from flaxport.translate.context import OpContext
-    from flaxport.translate.runtime import functions
+    from flaxport.translate.runtime import arrays, functions
 
     graph = torch.fx.Graph()
     names, inputs, counter = {}, {}, [0]
@@ -84,18 +84,21 @@ def run_op(target, *args, replay: bool = False, **kwargs):
     if handler is None:
         raise KeyError(f"no handler for {target}")
     body = _Body(names)
-    result = handler(OpContext(body, node), node)
+    ctx = OpContext(body, node)
+    result = ctx.finish(handler(ctx, node))
     namespace = {"jnp": jnp, "jax": jax, "lax": lax, "np": np, "nnx": nnx, "math": __import__("math")}
-    namespace.update({k: getattr(functions, k) for k in dir(functions) if not k.startswith("__")})
+    for runtime in (functions, arrays):
+        namespace.update({k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
     namespace.update({k: jnp.asarray(v.numpy()) for k, v in inputs.items()})
     rngs = nnx.Rngs(params=0, dropout=0, noise=0)  # the module attributes the handler asked for (self.noise)
     namespace["self"] = type("Module", (), {a: eval(ctor, {**namespace, "rngs": rngs})  # noqa: S307
                                             for a, ctor in body.synth.items()})()
     replaying = draws.jax_replay(drawn.standard) if replay else contextlib.nullcontext()
     expected_list = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    expected_list = [e.resolve_conj() if torch.is_tensor(e) else e for e in expected_list]  # a lazily conjugated view
     with replaying:
         if isinstance(result, Outputs):
-            codes = [r.text if r is not None else None for r in result]
+            codes = [r.text if isinstance(r, Expr) else None for r in result]  # None / Unsupported: not computed
             got = [eval(c, namespace) if c is not None else None for c in codes]  # noqa: S307 - our own code
             code = "; ".join(c for c in codes if c)
         else:

@@ -131,7 +131,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     draws = rnd.Draws() if draws_noise(capture) else None
     with _torch_precision(), torch.no_grad(), _recording(draws):
         torch_out = torch_module(*args, **kwargs)
-    torch_leaves = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
+    torch_leaves = output_leaves(torch_out)
     try:
         env = _interpret(capture, args, kwargs, draws)
     except rnd.DrawMismatch as e:
@@ -176,10 +176,54 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
         rows.append(Row("output", "output", "output", None, math.inf, math.inf, False,
                         f"torch returns {len(torch_leaves)} arrays, the translation {len(jax_leaves)}"))
     else:
+        unset = uninitialised_outputs(capture, len(torch_leaves))
         for i, (a, b) in enumerate(zip(torch_leaves, jax_leaves)):
             name = "output" if len(torch_leaves) == 1 else f"output[{i}]"
-            rows.append(_row("output", name, name, a, b, atol, rtol))
+            rows.append(_row("output", name, name, a, b, atol, rtol, values=i not in unset))
     return rows
+
+
+def output_leaves(out) -> list:
+    """The forward's output as NumPy leaves, in torch's flattening order: tensors (of any dtype) and the
+    numbers it returns (sizes, .item()); None left out, as JAX's tree leaves leave it."""
+    import torch
+
+    return [_numpy(a) for a in torch.utils._pytree.tree_leaves(out) if a is not None]
+
+
+def _numpy(a):
+    """A tensor (any dtype NumPy lacks, such as bfloat16, widened) or a number, as NumPy."""
+    import torch
+
+    if not torch.is_tensor(a):
+        return np.asarray(a)
+    a = a.detach().resolve_conj().resolve_neg()  # a lazily conjugated view: its values
+    if a.dtype in (torch.bfloat16, torch.complex32):
+        a = a.to(torch.complex64 if a.is_complex() else torch.float32)
+    return a.numpy()
+
+
+# Ops whose result torch leaves uninitialised: only their shape and dtype mean anything.
+UNINITIALISED = {"aten.empty.memory_format", "aten.empty.default", "aten.empty_like.default",
+                 "aten.new_empty.default", "aten.empty_strided.default", "aten.new_empty_strided.default",
+                 "aten.empty_permuted.default"}
+
+
+def uninitialised_outputs(capture, count: int) -> set:
+    """Positions among the `count` output leaves that hold an uninitialised tensor (torch.empty and
+    views of it), which the proof compares on shape alone."""
+    from flaxport.translate.capture import VIEW_OPS
+
+    outputs = [o for o in capture.outputs if o is not None]
+    if len(outputs) != count:
+        return set()
+    found = set()
+    for i, node in enumerate(outputs):
+        while hasattr(node, "op") and node.op == "call_function" and str(node.target) in VIEW_OPS and node.args:
+            node = node.args[0]
+        if hasattr(node, "op") and str(node.target) in UNINITIALISED:
+            found.add(i)
+    return found
 
 
 def _draws_differ(e) -> Row:
@@ -187,11 +231,13 @@ def _draws_differ(e) -> Row:
     return Row("output", "output", "output", None, math.inf, math.inf, False, f"random draws: {e}")
 
 
-def _row(phase, tname, fname, t, f, atol, rtol) -> Row:
+def _row(phase, tname, fname, t, f, atol, rtol, values: bool = True) -> Row:
     t, f = np.asarray(t), np.asarray(f)
     if t.shape != f.shape:
         return Row(phase, tname, fname, tuple(f.shape), math.inf, math.inf, False,
                    f"shape: torch {tuple(t.shape)} vs jax {tuple(f.shape)}")
+    if not values:
+        return Row(phase, tname, fname, tuple(f.shape), 0.0, 0.0, True, "uninitialised in torch: shape compared")
     if t.dtype == bool or np.issubdtype(t.dtype, np.integer):
         same = bool(np.array_equal(t, f))
         return Row(phase, tname, fname, tuple(f.shape), 0.0 if same else math.inf, 0.0 if same else math.inf, same,
@@ -317,7 +363,12 @@ def _jax_arguments(t, dtype) -> list:
     from torch.utils import _pytree
 
     def convert(leaf):
-        return jnp.asarray(_np(_cast(leaf, dtype))) if torch.is_tensor(leaf) else leaf
+        if not torch.is_tensor(leaf):
+            return leaf
+        leaf = _cast(leaf, dtype)
+        if leaf.dtype == torch.bfloat16:  # NumPy has no bfloat16: through float32, exactly
+            return jnp.asarray(leaf.float().numpy()).astype(jnp.bfloat16)
+        return jnp.asarray(_np(leaf))
 
     out = []
     for value in t.call_arguments:
@@ -386,7 +437,7 @@ def _interpret(capture, args, kwargs, draws=None) -> dict:
         def run_node(self, n):
             result = super().run_node(n)
             if torch.is_tensor(result):
-                env[n.name] = result.detach().numpy().copy()
+                env[n.name] = _numpy(result).copy()
             return result
 
     gm = capture.program.graph_module
@@ -478,7 +529,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     draws = rnd.Draws() if draws_noise(capture) else None
     with _torch_precision(), torch.no_grad(), _torch_dropout_off(torch_module), _recording(draws):
         torch_out = torch_module(*args, **kwargs)
-    torch_leaves = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
+    torch_leaves = output_leaves(torch_out)
     after = torch_module.state_dict()
     changed = [k for k in after if not torch.equal(after[k], before[k])]
 

@@ -188,13 +188,13 @@ class Translation:
                 extra[name] = _np(b)
         capture = next(iter(plan.captures.values()))
         for name, value in plan.constants(capture).items():
-            if hasattr(value, "numel") and value.numel() > 1:
+            if hasattr(value, "numel"):
                 extra[name] = _np(value)
         self._extra = extra
         self._extra64 = {}
         if plan.f64 is not None:
             for name, value in plan.constants(plan.f64).items():
-                if hasattr(value, "numel") and value.numel() > 1:
+                if hasattr(value, "numel"):
                     self._extra64[name] = _np(value)
         self.names = {}
         for name in list(self._torch_state) + list(extra):

@@ -35,8 +35,9 @@ class Expr:
 
 
 class Outputs(tuple):
-    """A multi-output op computed as separate expressions, one per output (None: not computable,
-    e.g. max-pool indices): `getitem(node, i)` becomes the i-th expression itself."""
+    """A multi-output op computed as separate expressions, one per output (None, or an Unsupported
+    saying why: not computable, e.g. max-pool indices): `getitem(node, i)` becomes the i-th
+    expression itself, and reading one that is not computable is refused."""
 
 
 class Unsupported(Exception):
@@ -67,8 +68,9 @@ _LOADED = []
 
 def _load():
     if not _LOADED:
-        from flaxport.translate.ops import (activation, attention, conv, create, elementwise, linalg, losses,  # noqa
-                                            norm, random, recurrent, reduce, scatter, shape)
+        from flaxport.translate.ops import (activation, attention, binning, conv, create, elementwise, linalg,  # noqa
+                                            losses, matrix, norm, random, recurrent, reduce, scatter, shape, special,
+                                            spectral, strided)
         _LOADED.append(True)
 
 

@@ -1,7 +1,7 @@
 """Activations and softmax, with torch's definitions (exact GELU unless approximate='tanh')."""
 from __future__ import annotations
 
-from flaxport.translate.ops import MUL, Expr, binary, call, op
+from flaxport.translate.ops import MUL, Expr, Unsupported, binary, call, op
 
 
 @op("aten.relu.default")
@@ -125,3 +125,13 @@ def threshold(c, node):
     x = c.x("self")
     return call("jnp.where", Expr(f"{x.at(9)} > {c.lit(c.raw('threshold'), 'threshold')}", 8), x,
                 c.lit(c.raw("value"), "value"))
+
+
+@op("aten.rrelu_with_noise.default", "aten.rrelu.default")
+def rrelu(c, node):
+    """Randomized leaky ReLU; in eval (training=False) the slope is the middle of [lower, upper]."""
+    if c.raw("training"):
+        raise Unsupported("rrelu in training mode (a random slope per element)")
+    lower = c.raw("lower") if c.has("lower") else 1 / 8
+    upper = c.raw("upper") if c.has("upper") else 1 / 3
+    return call("jax.nn.leaky_relu", c.x("self"), c.lit((lower + upper) / 2, "negative_slope"))

@@ -1,7 +1,7 @@
 """Convolutions, pooling and resampling on torch's (N, C, *spatial) layout, via the runtime helpers."""
 from __future__ import annotations
 
-from flaxport.translate.ops import Outputs, Unsupported, call, op
+from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, op
 
 
 def _ints(c, name, n, default):
@@ -17,27 +17,37 @@ def conv(c, node):
     padding = c.raw("padding") if c.has("padding") else 0
     padding = repr(padding) if isinstance(padding, str) else c.ints(_ints(c, "padding", n, 0), "padding")
     groups = c.raw("groups") if c.has("groups") else 1
-    return call(c.helper("conv"), c.x("input"), c.x("weight"), c.x("bias") if c.has("bias") else "None",
-                stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=padding,
-                dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1}
-                else None, groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c))
+    return _batched(c, lambda x: call(
+        c.helper("conv"), x, c.x("weight"), c.x("bias") if c.has("bias") else "None",
+        stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=padding,
+        dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1} else None,
+        groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c)))
 
 
 def _cl(c):
     return "True" if c.channels_last else None
 
 
+def _batched(c, conv_call):
+    """conv_call(x) on a batch of one where torch takes an unbatched input (C, *S) (its result's batch dropped)."""
+    x = c.x("input")
+    if c.val("input").ndim == c.val("weight").ndim:
+        return conv_call(x)
+    return Expr(f"{conv_call(Expr(f'{x.at(ATOM)}[None]')).at(ATOM)}[0]")
+
+
 @op("aten.conv_transpose1d.default", "aten.conv_transpose2d.input", "aten.conv_transpose3d.input")
 def conv_transpose(c, node):
     n = c.val("weight").ndim - 2
     groups = c.raw("groups") if c.has("groups") else 1
-    return call(c.helper("conv_transpose"), c.x("input"), c.x("weight"), c.x("bias") if c.has("bias") else "None",
-                stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=c.ints(_ints(c, "padding", n, 0), "padding"),
-                output_padding=c.ints(_ints(c, "output_padding", n, 0), "output_padding")
-                if set(_ints(c, "output_padding", n, 0)) != {0} else None,
-                groups=c.lit(groups, "groups") if groups != 1 else None,
-                dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1}
-                else None, channels_last=_cl(c))
+    return _batched(c, lambda x: call(
+        c.helper("conv_transpose"), x, c.x("weight"), c.x("bias") if c.has("bias") else "None",
+        stride=c.ints(_ints(c, "stride", n, 1), "stride"), padding=c.ints(_ints(c, "padding", n, 0), "padding"),
+        output_padding=c.ints(_ints(c, "output_padding", n, 0), "output_padding")
+        if set(_ints(c, "output_padding", n, 0)) != {0} else None,
+        groups=c.lit(groups, "groups") if groups != 1 else None,
+        dilation=c.ints(_ints(c, "dilation", n, 1), "dilation") if set(_ints(c, "dilation", n, 1)) != {1} else None,
+        channels_last=_cl(c)))
 
 
 @op("aten.convolution.default")
@@ -49,9 +59,9 @@ def convolution(c, node):
                   groups=c.lit(groups, "groups") if groups != 1 else None, channels_last=_cl(c))
     bias = c.x("bias") if c.has("bias") else "None"
     if c.raw("transposed"):
-        return call(c.helper("conv_transpose"), c.x("input"), c.x("weight"), bias,
-                    output_padding=c.ints(_ints(c, "output_padding", n, 0), "output_padding"), **common)
-    return call(c.helper("conv"), c.x("input"), c.x("weight"), bias, **common)
+        return _batched(c, lambda x: call(c.helper("conv_transpose"), x, c.x("weight"), bias, output_padding=c.ints(
+            _ints(c, "output_padding", n, 0), "output_padding"), **common))
+    return _batched(c, lambda x: call(c.helper("conv"), x, c.x("weight"), bias, **common))
 
 
 def _max_pool(c, node):
@@ -74,9 +84,19 @@ op("aten.max_pool1d.default", "aten.max_pool2d.default", "aten.max_pool3d.defaul
 @op("aten.max_pool2d_with_indices.default", "aten.max_pool3d_with_indices.default",
     "aten.max_pool1d_with_indices.default")
 def max_pool_with_indices(c, node):
-    if any(u.args[1] != 0 for u in node.users):
-        raise Unsupported("max-pool indices (return_indices=True)")
-    return Outputs((_max_pool(c, node), None))
+    """(values, indices): the indices, where read, by their own helper (a flat position per window)."""
+    n = len(c.raw("kernel_size"))
+    kernel = _ints(c, "kernel_size", n, None)
+    stride = _ints(c, "stride", n, None) if c.has("stride") and c.raw("stride") else kernel
+    padding, dilation = _ints(c, "padding", n, 0), _ints(c, "dilation", n, 1)
+    if c.channels_last:
+        return Outputs((_max_pool(c, node), Unsupported("max-pool indices channels-last (--layout nhwc)")))
+    indices = call(c.helper("max_pool_indices"), c.x("self"), c.ints(kernel, "kernel_size"),
+                   stride=c.ints(stride, "stride") if stride != kernel else None,
+                   padding=c.ints(padding, "padding") if set(padding) != {0} else None,
+                   dilation=c.ints(dilation, "dilation") if set(dilation) != {1} else None,
+                   ceil_mode="True" if c.has("ceil_mode") and c.raw("ceil_mode") else None)
+    return Outputs((_max_pool(c, node), indices))
 
 
 @op("aten.avg_pool1d.default", "aten.avg_pool2d.default", "aten.avg_pool3d.default")
@@ -97,7 +117,7 @@ def avg_pool(c, node):
 
 
 @op("aten.adaptive_avg_pool1d.default", "aten.adaptive_avg_pool2d.default", "aten.adaptive_avg_pool3d.default",
-    "aten._adaptive_avg_pool2d.default")
+    "aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default")
 def adaptive_avg_pool(c, node):
     size = tuple(c.raw("output_size"))
     n = len(size)
@@ -110,10 +130,14 @@ def adaptive_avg_pool(c, node):
 
 @op("aten.adaptive_max_pool1d.default", "aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default")
 def adaptive_max_pool(c, node):
-    if any(u.args[1] != 0 for u in node.users):
-        raise Unsupported("adaptive max-pool indices")
     size = tuple(c.raw("output_size"))
-    return Outputs((call(c.helper("adaptive_max_pool"), c.x("self"), c.ints(size, "output_size")), None))
+    indices = call(c.helper("adaptive_max_pool_indices"), c.x("self"), c.ints(size, "output_size"))
+    return Outputs((call(c.helper("adaptive_max_pool"), c.x("self"), c.ints(size, "output_size")), indices))
+
+
+@op("aten.max_unpool2d.default", "aten.max_unpool3d.default")
+def max_unpool(c, node):
+    return call(c.helper("max_unpool"), c.x("self"), c.x("indices"), c.size("output_size"))
 
 
 def _size_and_scale(c):

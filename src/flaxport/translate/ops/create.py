@@ -1,7 +1,7 @@
 """Tensor creation (arange, zeros, full, *_like), embedding lookups, and dropout in a module's own forward."""
 from __future__ import annotations
 
-from flaxport.translate.ops import Unsupported, call, op
+from flaxport.translate.ops import Outputs, Unsupported, call, op
 
 
 def _dtype_kw(c, default_float=True):
@@ -94,3 +94,62 @@ def alpha_dropout(c, node):
         raise Unsupported("alpha dropout in train mode")
     return c.x("input")
 
+
+
+@op("aten.empty_strided.default", "aten.empty_permuted.default")
+def empty_strided(c, node):
+    """Uninitialised in torch (the proof compares it on shape): zeros here."""
+    return call("jnp.zeros", c.size("size"), _dtype_kw(c))
+
+
+@op("aten.new_empty_strided.default")
+def new_empty_strided(c, node):
+    return call("jnp.zeros", c.size("size"), _dtype_kw(c))
+
+
+@op("aten.logspace.default", "aten.logspace.Tensor_Tensor", "aten.logspace.Tensor_Scalar", "aten.logspace.Scalar_Tensor")
+def logspace(c, node):
+    base = c.raw("base") if c.has("base") else 10.0
+    return call("jnp.logspace", c.x("start"), c.x("end"), c.x("steps"), base=c.lit(base, "base") if base != 10.0
+                else None, dtype=_dtype_kw(c))
+
+
+@op("aten.nonzero_static.default")
+def nonzero_static(c, node):
+    """The first `size` indices (rows of coordinates) of the non-zero elements, fill_value rows after them."""
+    fill = c.raw("fill_value") if c.has("fill_value") else -1
+    return call("jnp.argwhere", c.x("self"), size=c.lit(c.raw("size"), "size"), fill_value=c.lit(fill, "fill_value"))
+
+
+@op("aten.nonzero.default", "aten.nonzero_numpy.default", "aten.argwhere.default", "aten.masked_select.default",
+    "aten._unique2.default", "aten.unique_consecutive.default", "aten.unique_dim.default")
+def data_dependent(c, node):
+    raise Unsupported("its result's size depends on tensor values, which a jitted JAX function cannot have "
+                      "(torch.nonzero_static(x, size=...) has a fixed size)")
+
+
+# aten's embedding_bag `mode`
+_BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
+
+
+@op("aten._embedding_bag.default", "aten._embedding_bag_forward_only.default", "aten.embedding_bag.default",
+    "aten.embedding_bag.padding_idx")
+def embedding_bag(c, node):
+    """(bags, and torch's three bookkeeping outputs, which only its backward reads: not computed)."""
+    padding = c.raw("padding_idx") if c.has("padding_idx") else None
+    mode = _BAG_MODES[c.raw("mode") if c.has("mode") else 0]
+    bags = call(c.helper("embedding_bag"), c.x("weight"), c.x("indices"), c.x("offsets"),
+                mode=repr(mode) if mode != "mean" else None,
+                per_sample_weights=c.x("per_sample_weights") if c.has("per_sample_weights") else None,
+                include_last_offset="True" if c.has("include_last_offset") and c.raw("include_last_offset") else None,
+                padding_idx=c.lit(padding, "padding_idx") if padding is not None and padding >= 0 else None)
+    bookkeeping = Unsupported("embedding_bag's offset2bag / bag_size / max_indices outputs")
+    return Outputs((bags, bookkeeping, bookkeeping, bookkeeping))
+
+
+@op("aten.native_dropout.default")
+def native_dropout(c, node):
+    """(output, keep mask): off (train=False) the input and all-true."""
+    if c.raw("train") or c.twin_raw("train"):
+        raise Unsupported("native_dropout drawing a mask (functional dropout in train mode)")
+    return Outputs((c.x("input"), call("jnp.ones_like", c.x("input"), dtype="bool")))

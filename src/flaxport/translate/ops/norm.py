@@ -1,7 +1,7 @@
 """Normalisation ops in functional form (the layers BatchNorm2d, LayerNorm, ... are runtime classes)."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ADD, MUL, Expr, Outputs, Unsupported, binary, call, op
+from flaxport.translate.ops import ADD, ATOM, MUL, Expr, Outputs, Unsupported, binary, call, op
 
 
 @op("aten.layer_norm.default")
@@ -13,9 +13,31 @@ def layer_norm(c, node):
 
 @op("aten.native_layer_norm.default")
 def native_layer_norm(c, node):
-    if any(u.args[1] != 0 for u in node.users):
-        raise Unsupported("native_layer_norm statistics")
-    return Outputs((layer_norm(c, node), None, None))
+    """(out, mean, rstd), the statistics over the normalised dims kept as size 1."""
+    n = len(c.raw("normalized_shape"))
+    ndim = c.val("input").ndim
+    mean, rstd = _statistics(c, c.x("input"), tuple(range(ndim - n, ndim)))
+    return Outputs((layer_norm(c, node), mean, rstd))
+
+
+def _statistics(c, x, axes):
+    """(mean, 1 / sqrt(biased variance + eps)) over axes, kept as size 1."""
+    axis = repr(axes if len(axes) > 1 else axes[0])
+    mean = call("jnp.mean", x, axis=axis, keepdims="True")
+    var = call("jnp.var", x, axis=axis, keepdims="True")
+    return mean, call("lax.rsqrt", binary(c, var, "+", c.lit(c.raw("eps"), "eps"), ADD))
+
+
+@op("aten.native_group_norm.default")
+def native_group_norm(c, node):
+    """(out, mean, rstd) with the statistics (N, group)."""
+    groups = c.lit(c.raw("group"), "num_groups")
+    x = c.x("input")
+    grouped = Expr(f"{x.at(ATOM)}.reshape({x.at(ATOM)}.shape[0], {groups}, -1)")
+    mean, rstd = _statistics(c, grouped, (2,))
+    out = call(c.helper("group_norm"), x, groups, c.x("weight") if c.has("weight") else "None",
+               c.x("bias") if c.has("bias") else "None", c.lit(c.raw("eps"), "eps"))
+    return Outputs((out, Expr(f"{mean.at(ATOM)}[..., 0]"), Expr(f"{rstd.at(ATOM)}[..., 0]")))
 
 
 @op("aten.group_norm.default")
@@ -27,9 +49,9 @@ def group_norm(c, node):
 
 @op("aten.instance_norm.default")
 def instance_norm(c, node):
-    if not c.raw("use_input_stats"):
-        raise Unsupported("instance_norm with running statistics")
-    channels = c.static(c.val("input").shape[1])
+    if not c.raw("use_input_stats"):  # normalised by the running statistics, as eval-mode batch_norm is
+        return batch_norm(c, node)
+    channels = c.val("input").shape[1]  # a size export may keep symbolic: read from the input then
     return call(c.helper("group_norm"), c.x("input"), c.lit(channels, "num_groups"),
                 c.x("weight") if c.has("weight") else "None", c.x("bias") if c.has("bias") else "None",
                 c.lit(c.raw("eps"), "eps"))
@@ -59,20 +81,24 @@ def weight_norm(c, node):
     return binary(c, v, "*", binary(c, c.x("g"), "/", norm, MUL), MUL)
 
 
-@op("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default")
+@op("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default",
+    "aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats", "aten.native_batch_norm.default")
 def batch_norm(c, node):
-    """F.batch_norm in a module's own forward: eval statistics, or batch statistics without buffers."""
+    """F.batch_norm in a module's own forward: eval statistics, or batch statistics without buffers. The
+    native forms also return the batch's mean and 1 / std (train) or nothing (eval: empty arrays)."""
     training = c.raw("training") if c.has("training") else False
     x = c.x("input")
     ndim = c.val("input").ndim
     channel = repr((-1,) if c.channels_last else (1, -1) + (1,) * (ndim - 2))
-    if training:
-        if c.has("running_mean"):
-            raise Unsupported("F.batch_norm in train mode with running statistics (use nn.BatchNorm*)")
-        axes = repr(tuple(range(ndim - 1)) if c.channels_last else (0,) + tuple(range(2, ndim)))
-        mean = call("jnp.mean", x, axis=axes, keepdims="True")
-        var = call("jnp.var", x, axis=axes, keepdims="True")
+    native = not str(node.target).startswith("aten.batch_norm")
+    if training:  # batch statistics (capture.running_statistics writes a module's running ones)
+        axes = tuple(range(ndim - 1)) if c.channels_last else (0,) + tuple(range(2, ndim))
+        mean = call("jnp.mean", x, axis=repr(axes), keepdims="True")
+        var = call("jnp.var", x, axis=repr(axes), keepdims="True")
+        saved = (call("jnp.mean", x, axis=repr(axes)),
+                 call("lax.rsqrt", binary(c, call("jnp.var", x, axis=repr(axes)), "+", c.lit(c.raw("eps"), "eps"), ADD)))
     else:
+        saved = tuple(call("jnp.zeros", "(0,)", f"{x.at(ATOM)}.dtype") for _ in range(2))
         mean = Expr(f"{c.x('running_mean').at(100)}.reshape({channel})")
         var = Expr(f"{c.x('running_var').at(100)}.reshape({channel})")
     y = binary(c, binary(c, x, "-", mean, ADD), "*", call("lax.rsqrt", binary(c, var, "+", c.lit(c.raw("eps"), "eps"),
@@ -81,6 +107,4 @@ def batch_norm(c, node):
         y = binary(c, y, "*", Expr(f"{c.x('weight').at(100)}.reshape({channel})"), MUL)
     if c.has("bias"):
         y = binary(c, y, "+", Expr(f"{c.x('bias').at(100)}.reshape({channel})"), ADD)
-    if "legit" in str(node.target):
-        return Outputs((y, None, None))
-    return y
+    return Outputs((y,) + saved) if native else y

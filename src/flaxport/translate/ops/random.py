@@ -121,12 +121,18 @@ def bernoulli_p(c, node):
 @op("aten.randint.default", "aten.randint.low")
 def randint(c, node):
     low = c.x("low") if c.has("low") else Expr("0")
+    if c.out.dtype.is_floating_point:  # whole numbers in a float tensor: drawn as integers, then cast
+        draw = call("jax.random.randint", c.random_key(), c.size("size"), low, c.x("high"))
+        return Expr(f"{draw.text}.astype({_dtype(c)})")
     return call("jax.random.randint", c.random_key(), c.size("size"), low, c.x("high"), dtype=_int_dtype(c))
 
 
 @op("aten.randint_like.default", "aten.randint_like.low_dtype")
 def randint_like(c, node):
     low = c.x("low") if c.has("low") else Expr("0")
+    if c.out.dtype.is_floating_point:  # whole numbers in a float tensor: drawn as integers, then cast
+        draw = call("jax.random.randint", c.random_key(), _shape_of(c, "self"), low, c.x("high"))
+        return Expr(f"{draw.text}.astype({_dtype(c, 'self')})")
     dtype = _int_dtype(c) if c.out.dtype != c.val("self").dtype else f"{c.x('self').at(100)}.dtype"
     return call("jax.random.randint", c.random_key(), _shape_of(c, "self"), low, c.x("high"), dtype=dtype)
 
@@ -134,8 +140,6 @@ def randint_like(c, node):
 def _int_dtype(c):
     import torch
 
-    if c.out.dtype.is_floating_point:
-        raise Unsupported("randint into a float tensor")
     return None if c.out.dtype == torch.int64 else c.dtype(c.out.dtype)
 
 
@@ -144,6 +148,24 @@ def exponential(c, node):
     standard = call("jax.random.exponential", c.random_key(), _shape_of(c, "self"), dtype=_dtype(c, "self"))
     rate = _arg(c, "lambd", 1)
     return standard if rate is None else binary(c, standard, "/", rate, MUL)
+
+
+@op("aten.cauchy.default")
+def cauchy(c, node):
+    standard = call("jax.random.cauchy", c.random_key(), _shape_of(c, "self"), dtype=_dtype(c, "self"))
+    return _scaled(c, standard, _arg(c, "median", 0), _arg(c, "sigma", 1))
+
+
+@op("aten.log_normal.default")
+def log_normal(c, node):
+    standard = call("jax.random.normal", c.random_key(), _shape_of(c, "self"), dtype=_dtype(c, "self"))
+    return call("jnp.exp", _scaled(c, standard, _arg(c, "mean", 0), _arg(c, "std", 1)))
+
+
+@op("aten.geometric.default")
+def geometric(c, node):
+    draw = call("jax.random.geometric", c.random_key(), c.x("p"), _shape_of(c, "self"))
+    return Expr(f"{draw.text}.astype({_dtype(c, 'self')})")
 
 
 @op("aten.poisson.default")

@@ -1,7 +1,9 @@
 """Reductions (sum, mean, max, var with torch's correction, ...) and scans."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, op
+import math
+
+from flaxport.translate.ops import ATOM, UNARY, Expr, Outputs, call, op
 
 
 def _axis(c, name="dim"):
@@ -101,15 +103,20 @@ def var_mean(c, node):
 def vector_norm(c, node):
     order = c.raw("ord") if c.has("ord") else 2
     x = c.x("self")
-    return call("jnp.linalg.vector_norm", x, ord=repr(order) if order != 2 else None, axis=_axis(c),
-                keepdims=_keep(c))
+    return call("jnp.linalg.vector_norm", x, ord=_order(c, order) if order != 2 else None,
+                axis=_axis(c), keepdims=_keep(c))
+
+
+def _order(c, order) -> Expr:
+    """A norm's order as written: `jnp.inf` for an infinite one (repr would write a bare `inf`)."""
+    return c.lit(order, "ord") if isinstance(order, float) and not math.isfinite(order) else Expr(repr(order))
 
 
 @op("aten.norm.ScalarOpt_dim")
 def norm(c, node):
     order = c.raw("p") if c.has("p") else 2
-    return call("jnp.linalg.vector_norm", c.x("self"), ord=repr(order) if order != 2 else None, axis=_axis(c),
-                keepdims=_keep(c))
+    return call("jnp.linalg.vector_norm", c.x("self"), ord=_order(c, order) if order != 2 else None,
+                axis=_axis(c), keepdims=_keep(c))
 
 
 @op("aten.cumsum.default", "aten.cumprod.default")
@@ -120,11 +127,12 @@ def cumsum(c, node):
 
 @op("aten.sort.default", "aten.sort.stable")
 def sort(c, node):
+    """(values, indices): each its own expression, so an unread one is not written."""
     dim = c.dim("dim") if c.has("dim") else c.val("self").ndim - 1
-    descending = c.has("descending") and c.raw("descending")
+    descending = "True" if c.has("descending") and c.raw("descending") else None
     x = c.x("self")
-    idx = call("jnp.argsort", x, axis=dim, stable="True", descending="True" if descending else None)
-    return Expr(f"(jnp.take_along_axis({x}, {idx}, axis={dim}), {idx})")
+    return Outputs((call("jnp.sort", x, axis=dim, stable="True", descending=descending),
+                    call("jnp.argsort", x, axis=dim, stable="True", descending=descending)))
 
 
 @op("aten.topk.default")
@@ -132,9 +140,67 @@ def topk(c, node):
     ndim = c.val("self").ndim
     dim = c.dim("dim", ndim) if c.has("dim") else ndim - 1
     largest = c.raw("largest") if c.has("largest") else True
-    if dim != ndim - 1 or not largest:
-        raise Unsupported("topk over another dim than the last, or smallest")
-    return call("lax.top_k", c.x("self"), c.lit(c.raw("k"), "k"))
+    if dim == ndim - 1 and largest:
+        return call("lax.top_k", c.x("self"), c.lit(c.raw("k"), "k"))
+    # the k smallest are the k largest of -x; another dim is moved last and back
+    x = c.x("self") if dim == ndim - 1 else call("jnp.moveaxis", c.x("self"), dim, -1)
+    found = call("lax.top_k", x if largest else Expr(f"-{x.at(UNARY)}", UNARY), c.lit(c.raw("k"), "k"))
+    values = Expr(f"{found.at(ATOM)}[0]") if largest else Expr(f"-{found.at(ATOM)}[0]", UNARY)
+    indices = Expr(f"{found.at(ATOM)}[1]")
+    if dim != ndim - 1:
+        values, indices = (call("jnp.moveaxis", v, -1, dim) for v in (values, indices))
+    return Outputs((values, indices))
+
+
+@op("aten.kthvalue.default")
+def kthvalue(c, node):
+    """(the k-th smallest along dim, its index)."""
+    ndim = max(c.val("self").ndim, 1)
+    dim = c.dim("dim", ndim) if c.has("dim") else ndim - 1
+    return _order_statistic(c, c.x("self"), dim, Expr(str(c.raw("k") - 1)), False)
+
+
+def _order_statistic(c, x, dim, position: Expr, per_slice: bool):
+    """(value, index) of the element at `position` (one for every slice, or per slice) of x sorted along dim."""
+    order = call("jnp.argsort", x, axis=dim, stable="True")
+    if per_slice:
+        index = call("jnp.take_along_axis", order, call("jnp.expand_dims", position, dim), axis=dim)
+    else:
+        index = call("lax.dynamic_slice_in_dim", order, position, 1, axis=dim)
+    value = call("jnp.take_along_axis", x, index, axis=dim)
+    if c.has("keepdim") and c.raw("keepdim"):
+        return Outputs((value, index))
+    return Outputs((call("jnp.squeeze", value, dim), call("jnp.squeeze", index, dim)))
+
+
+@op("aten.median.default", "aten.nanmedian.default")
+def median_all(c, node):
+    """torch's median is the lower of the two middle values (no average); nanmedian leaves NaNs out."""
+    x = Expr(f"{c.x('self').at(ATOM)}.reshape(-1)")
+    if "nanmedian" in str(node.target):
+        count = call("jnp.sum", call("~jnp.isnan", x))
+        return Expr(f"{call('jnp.sort', x).at(ATOM)}[jnp.maximum({count.text} - 1, 0) // 2]")
+    return Expr(f"{call('jnp.sort', x).at(ATOM)}[({c.x('self').at(ATOM)}.size - 1) // 2]")
+
+
+@op("aten.median.dim", "aten.nanmedian.dim")
+def median_dim(c, node):
+    """(lower median along dim, its index); nanmedian counts only the values that are not NaN."""
+    dim = c.dim("dim", max(c.val("self").ndim, 1))
+    x = c.x("self")
+    if "nanmedian" in str(node.target):
+        count = call("jnp.sum", call("~jnp.isnan", x), axis=dim)
+        return _order_statistic(c, x, dim, Expr(f"jnp.maximum({count.text} - 1, 0) // 2"), True)
+    return _order_statistic(c, x, dim, Expr(f"({x.at(ATOM)}.shape[{dim}] - 1) // 2"), False)
+
+
+@op("aten.cummax.default", "aten.cummin.default")
+def cummax(c, node):
+    """(running max / min along dim, the index of its latest occurrence)."""
+    largest = "cummax" in str(node.target)
+    result = call(c.helper("cumulative_extreme"), c.x("self"), c.dim("dim", c.val("self").ndim),
+                  largest=None if largest else "False")
+    return Outputs((Expr(f"{result.at(ATOM)}[0]"), Expr(f"{result.at(ATOM)}[1]")))
 
 
 @op("aten.diff.default")

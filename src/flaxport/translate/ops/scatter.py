@@ -62,3 +62,56 @@ def index_copy(c, node):
 @op("aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor")
 def index_fill(c, node):
     return Expr(f"{c.x('self').at(ATOM)}.at{_at_index(c)}.set({c.x('value').text})")
+
+
+@op("aten.index_reduce.default")
+def index_reduce(c, node):
+    """index_reduce(self, dim, index, source, reduce): source's slices along dim combined ('prod', 'mean',
+    'amax', 'amin') into self's slices at index; a scatter_reduce with the index spread over source."""
+    ndim = c.val("self").ndim
+    dim = c.dim("dim", ndim)
+    shape = (1,) * dim + (-1,) + (1,) * (ndim - dim - 1)
+    index = Expr(f"jnp.broadcast_to({c.x('index').at(ATOM)}.reshape({shape!r}), {c.x('source').at(ATOM)}.shape)")
+    include = c.raw("include_self") is not False
+    return call(c.helper("scatter"), c.x("self"), dim, index, c.x("source"), reduce=repr(_REDUCE[c.raw("reduce")]),
+                include_self=None if include else "False")
+
+
+@op("aten.put.default")
+def put(c, node):
+    """put(self, index, source, accumulate): source into self's elements counted in flat (row-major) order."""
+    x = c.x("self")
+    fn = "add" if c.has("accumulate") and c.raw("accumulate") else "set"
+    flat = f"{x.at(ATOM)}.reshape(-1).at[{c.x('index').at(ATOM)}.reshape(-1)].{fn}({c.x('source').at(ATOM)}.reshape(-1))"
+    return Expr(f"{flat}.reshape({x.at(ATOM)}.shape)")
+
+
+@op("aten.take.default")
+def take(c, node):
+    return Expr(f"{c.x('self').at(ATOM)}.reshape(-1)[{c.x('index')}]")
+
+
+@op("aten.masked_scatter.default")
+def masked_scatter(c, node):
+    """self with the places where mask is true filled, in row-major order, by source's first elements."""
+    return call(c.helper("masked_scatter"), c.x("self"), c.x("mask"), c.x("source"))
+
+
+def _clamped(c) -> dict:
+    """The index arrays of `indices`, each clamped into its axis (they may be out of range where the mask is false)."""
+    x = c.x("self")
+    return {i: (f"jnp.clip({c.x_item('indices', i)}, 0, {x.at(ATOM)}.shape[{i}] - 1)" if ix is not None else ":")
+            for i, ix in enumerate(c.raw("indices"))}
+
+
+@op("aten._unsafe_masked_index.default")
+def unsafe_masked_index(c, node):
+    """self[indices] where mask, fill elsewhere."""
+    return call("jnp.where", c.x("mask"), c.index_expr(c.x("self"), c.val("self").ndim, _clamped(c)), c.x("fill"))
+
+
+@op("aten._unsafe_masked_index_put_accumulate.default")
+def unsafe_masked_index_put_accumulate(c, node):
+    """self with values added at indices where mask."""
+    where = c.index_expr(Expr("X"), c.val("self").ndim, _clamped(c)).text[1:]
+    return Expr(f"{c.x('self').at(ATOM)}.at{where}.add(jnp.where({c.x('mask')}, {c.x('values')}, 0))")

@@ -158,13 +158,29 @@ def split(c, node):
     dim = c.dim("dim", ndim) if c.has("dim") else 0
     sizes = [c.static(v.shape[dim]) for v in c.out]
     if any(not isinstance(s, int) for s in sizes):
-        raise Unsupported("a split of a dimension whose size is not fixed")
+        return _split_symbolic(c, dim)
     points, total = [], 0
     for s in sizes[:-1]:
         total += s
         points.append(total)
     return call("jnp.split", c.x("self"), Expr(repr(points) if len(set(sizes)) > 1 else str(len(sizes))),
                 axis=dim)
+
+
+def _split_symbolic(c, dim):
+    """A split whose part sizes export keeps symbolic (chunk of a dimension of any size): its split
+    points are sums of those sizes, read from the arrays."""
+    import sympy
+
+    sizes = [v.shape[dim] for v in c.out]
+    exprs = [s.node.expr if hasattr(s, "node") else sympy.Integer(s) for s in sizes]
+    if len(set(exprs)) == 1:
+        return call("jnp.split", c.x("self"), len(sizes), axis=dim)
+    points, total = [], sympy.Integer(0)
+    for e in exprs[:-1]:
+        total = total + e
+        points.append(c.body.sym_expr(total).text)
+    return call("jnp.split", c.x("self"), Expr("[" + ", ".join(points) + "]"), axis=dim)
 
 
 @op("aten.unbind.int")
@@ -226,6 +242,12 @@ def gather(c, node):
 def index_put(c, node):
     indices = c.raw("indices")
     ndim = c.val("self").ndim
+    masks = [i for i, ix in enumerate(indices) if ix is not None and str(c.item_val("indices", i).dtype) == "torch.bool"]
+    if masks:  # x[mask] = v: the true places are known only when the model runs
+        if masks != [0] or len(indices) != 1:
+            raise Unsupported("a boolean mask index beside other indices")
+        return call(c.helper("index_put_mask"), c.x("self"), c.x_item("indices", 0), c.x("values"),
+                    accumulate="True" if c.has("accumulate") and c.raw("accumulate") else None)
     parts = {i: (c.x_item("indices", i).text if ix is not None else ":") for i, ix in enumerate(indices)}
     where = c.index_expr(Expr("X"), ndim, parts, keep_trailing=False).text[1:]
     fn = "add" if c.has("accumulate") and c.raw("accumulate") else "set"
@@ -265,7 +287,8 @@ def flip(c, node):
 @op("aten.roll.default")
 def roll(c, node):
     shifts, dims = c.raw("shifts"), c.raw("dims") if c.has("dims") else None
-    return call("jnp.roll", c.x("self"), tuple(shifts) if len(shifts) > 1 else shifts[0],
+    texts = [c.index_text(s) for s in shifts]  # sizes the graph computes (fftshift: x.shape[0] // 2) included
+    return call("jnp.roll", c.x("self"), Expr(f"({', '.join(texts)})") if len(texts) > 1 else Expr(texts[0]),
                 axis=(tuple(dims) if len(dims) > 1 else dims[0]) if dims else None)
 
 
@@ -284,13 +307,23 @@ def pad(c, node):
     widths = [(0, 0)] * ndim
     for i in range(len(pads) // 2):  # torch lists (low, high) pairs from the last dim backwards
         widths[ndim - 1 - i] = (pads[2 * i], pads[2 * i + 1])
-    if any(lo < 0 or hi < 0 for lo, hi in widths):
-        raise Unsupported("negative padding (cropping)")
     value = c.raw("value") if c.has("value") else None
     jmode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
-    return call("jnp.pad", c.x("self"), Expr(repr(tuple(widths))),
-                mode=repr(jmode) if jmode != "constant" else None,
-                constant_values=c.lit(value, "value") if value else None)
+    # a negative width crops: pad by the positive widths, then cut the negative ones off
+    crops = {d: (-lo if _negative(lo) else 0, -hi if _negative(hi) else 0) for d, (lo, hi) in enumerate(widths)}
+    grown = tuple((0 if _negative(lo) else lo, 0 if _negative(hi) else hi) for lo, hi in widths)
+    out = c.x("self")
+    if any(w != (0, 0) for w in grown):
+        text = "(" + ", ".join(f"({c.index_text(lo)}, {c.index_text(hi)})" for lo, hi in grown) + \
+            ("," if ndim == 1 else "") + ")"
+        out = call("jnp.pad", out, Expr(text), mode=repr(jmode) if jmode != "constant" else None,
+                   constant_values=c.lit(value, "value") if value else None)
+    cut = {d: f"{lo or ''}:{-hi if hi else ''}" for d, (lo, hi) in crops.items() if lo or hi}
+    return c.index_expr(out, ndim, cut) if cut else out
+
+
+def _negative(width) -> bool:
+    return isinstance(width, int) and width < 0
 
 
 def _pad_mode(mode):
@@ -318,6 +351,8 @@ def detach(c, node):
 @op("aten.to.dtype", "aten.to.device", "aten.to.dtype_layout", "aten._to_copy.default", "aten.type_as.default")
 def to(c, node):
     target = c.out.dtype
+    if str(target) == "torch.complex32":
+        raise Unsupported("complex32 (torch.chalf), which JAX has no dtype for")
     return Expr(f"{c.x('self').at(ATOM)}.astype({c.dtype(target, follow=node)})")
 
 
