@@ -1,0 +1,167 @@
+"""Runs a source's cases, each in its own process under a time and memory limit, into JSON-line records.
+
+A source is a module of this package (or, named with dots, one of your own) with
+`names(filter=None) -> [name]` (cheap: nothing is
+built; `filter` is a regular expression searched in each name) and `build(name) -> [(module,
+args, kwargs)]`. Each case runs as `python -m flaxport.bench.coverage.case` (case.py says what
+is checked); the runner stops it at the time limit or when its resident memory passes the
+memory limit, and records how far it got.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SOURCES = ("opinfo", "hf", "timm", "torchvision")
+POLL_SECONDS = 0.5
+
+
+class SourceMissing(Exception):
+    """The source's module is not in this flaxport."""
+
+
+def module_name(source: str) -> str:
+    """flaxport.bench.coverage.<source> for the sources here; a dotted name is a module of your own."""
+    return source if "." in source else f"flaxport.bench.coverage.{source}"
+
+
+def source_module(source: str):
+    """The module of `source` (see module_name)."""
+    try:
+        return importlib.import_module(module_name(source))
+    except ModuleNotFoundError as e:
+        if e.name != module_name(source):
+            raise
+        where = f"flaxport/bench/coverage/{source}.py" if "." not in source else source
+        raise SourceMissing(f"--source {source}: this flaxport has no {where}") from None
+
+
+def run(source: str, names: list, *, timeout: float, memory_gb: float, peer: str | None = None,
+        out=None, done=None, log=None) -> list:
+    """Each case of `names` in turn (those in `done`, a set of names, skipped) -> [record]; every record
+    is also written to `out` (a text file, one JSON line each, flushed) and a progress line to `log`."""
+    records = []
+    todo = [n for n in names if n not in (done or ())]
+    for i, name in enumerate(todo, 1):
+        record = run_case(source, name, timeout=timeout, memory_gb=memory_gb, peer=peer)
+        records.append(record)
+        if out is not None:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+        if log is not None:
+            print(f"[{i}/{len(todo)}] {progress_line(record)}", file=log, flush=True)
+    return records
+
+
+def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: str | None = None) -> dict:
+    """One case in a child process -> its record (see case.py), with `seconds` (the child's wall time,
+    imports included); a child stopped or dead says so in `step` and `reason`."""
+    with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as tmp:
+        result, stderr_path = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
+        command = [sys.executable, "-m", "flaxport.bench.coverage.case", source, name, str(result)]
+        command += ["--peer", peer] if peer else []
+        start = time.perf_counter()
+        with open(stderr_path, "wb") as stderr:
+            child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+            stopped = _watch(child, timeout, memory_gb)
+        seconds = round(time.perf_counter() - start, 1)
+        record = _read(result) or {"source": source, "name": name, "samples": []}
+        running = record.pop("running", "build")
+        record["seconds"] = seconds
+        if stopped:
+            record.update(step=running, reason=f"stopped: {stopped} while in {running}")
+        elif child.returncode != 0 or running != "done":
+            record.update(step=running, reason=f"the case process died in {running} (exit {child.returncode}: "
+                                               f"{_last_line(stderr_path)})")
+        return _complete(record)
+
+
+def _watch(child, timeout: float, memory_gb: float) -> str:
+    """Wait for `child`; stop its process group at the limits. -> "" or what stopped it."""
+    deadline = time.monotonic() + timeout
+    while child.poll() is None:
+        why = ""
+        if time.monotonic() > deadline:
+            why = f"over the time limit ({timeout:g} s)"
+        elif memory_gb and _resident_gb(child.pid) > memory_gb:
+            why = f"over the memory limit ({memory_gb:g} GB)"
+        if why:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.wait()
+            return why
+        time.sleep(POLL_SECONDS)
+    return ""
+
+
+def _resident_gb(pid: int) -> float:
+    """Resident memory of process `pid` in GB (0 where /proc cannot tell)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1][:300] if lines else "no output"
+
+
+def _complete(record: dict) -> dict:
+    """Every key a record has, also for a case stopped before its samples were summed up."""
+    from flaxport.bench.coverage.case import summarize
+
+    samples = [s for s in record.get("samples", []) if "step" in s]
+    base = summarize(samples) if samples else {
+        "model": None, "parameters": None, "export": None, "translated": False, "proof": False,
+        "float32": None, "lines": None}
+    for key, value in base.items():
+        record.setdefault(key, value)
+    if record.get("reason"):
+        record["proof"] = False
+    record.setdefault("step", "")
+    record.setdefault("reason", "")
+    return record
+
+
+def progress_line(record: dict) -> str:
+    """'bert: proved (float32 4.8e-07, 210 lines, 14 s)' / 'swin: translate: <reason>'."""
+    head = f"{record['name']}: "
+    if record.get("proof"):
+        f32 = record.get("float32")
+        return head + (f"proved (float32 {f32:.2g}, " if f32 is not None else "proved (") + \
+            f"{record.get('lines')} lines, {record['seconds']:g} s)"
+    return head + f"{record.get('step') or '?'}: {record.get('reason')} ({record['seconds']:g} s)"
+
+
+def read_records(path) -> list:
+    """The records of a JSON-lines file the runner wrote (a line cut short by a stop is skipped)."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
