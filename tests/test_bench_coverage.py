@@ -191,3 +191,10 @@ def test_the_failures_are_grouped_by_the_step_they_failed_at_in_step_order():
         "- **proof** (1):\n"
         "  - `swin`: float64 proof fails first at 'encoder' (max \\|diff\\| 0.3)\n")
     assert table.failures(RECORDS[:1]) == ""
+
+
+def test_a_filter_is_comma_separated_regular_expressions_each_searched_in_the_name():
+    names = ["bert", "albert", "vit", "vit_mae", "gpt2"]
+    assert runner.select(names, "^bert$,vit") == ["bert", "vit", "vit_mae"]
+    assert runner.select(names, "bert") == ["bert", "albert"]
+    assert runner.select(names, None) == names == runner.select(names, " , ")

@@ -27,7 +27,8 @@ def _args(argv):
     p.add_argument("--source", metavar="|".join(runner.SOURCES),
                    help="which cases: PyTorch's OpInfo ops, HuggingFace architectures, timm families, torchvision "
                         "models (or package.module: a module of your own with names(filter) and build(name))")
-    p.add_argument("--filter", default=None, metavar="REGEX", help="only the cases whose name this matches (re.search)")
+    p.add_argument("--filter", default=None, metavar="REGEX[,REGEX...]",
+                   help="only the cases whose name one of these regular expressions finds (re.search), e.g. '^bert$,vit'")
     p.add_argument("--peer", choices=("torchax",), default=None, help="also run torchax on the same inputs")
     p.add_argument("--json", default=None, metavar="OUT", help="write the records to OUT as JSON lines")
     p.add_argument("--resume", action="store_true", help="keep OUT's records and run only the cases it lacks")

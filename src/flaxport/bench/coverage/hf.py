@@ -13,6 +13,8 @@ from __future__ import annotations
 import inspect
 import re
 
+from flaxport.bench.coverage.runner import select
+
 WIDTH = 32
 HEADS = 2
 HEAD_DIM = WIDTH // HEADS
@@ -52,10 +54,10 @@ _LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "encoder_layers",
 
 
 def names(filter: str | None = None) -> list[str]:
-    """Every model type with a base model class, sorted; those matching the regular expression `filter`."""
+    """Every model type with a base model class, sorted; those `filter` selects (runner.select)."""
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
-    return [n for n in sorted(MODEL_MAPPING_NAMES) if filter is None or re.search(filter, n)]
+    return select(sorted(MODEL_MAPPING_NAMES), filter)
 
 
 def build(name: str) -> list[tuple]:

@@ -1,8 +1,8 @@
 """Runs a source's cases, each in its own process under a time and memory limit, into JSON-line records.
 
 A source is a module of this package (or, named with dots, one of your own) with
-`names(filter=None) -> [name]` (cheap: nothing is
-built; `filter` is a regular expression searched in each name) and `build(name) -> [(module,
+`names(filter=None) -> [name]` (cheap: nothing is built; `filter` is comma-separated regular
+expressions, a name kept when one of them matches it: `select`) and `build(name) -> [(module,
 args, kwargs)]`. Each case runs as `python -m flaxport.bench.coverage.case` (case.py says what
 is checked); the runner stops it at the time limit or when its resident memory passes the
 memory limit, and records how far it got.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,12 @@ from pathlib import Path
 
 SOURCES = ("opinfo", "hf", "timm", "torchvision")
 POLL_SECONDS = 0.5
+
+
+def select(names, filter: str | None) -> list:  # noqa: A002 - the sources' interface names it so
+    """The names one of `filter`'s comma-separated regular expressions finds (re.search); all without one."""
+    patterns = [re.compile(p.strip()) for p in (filter or "").split(",") if p.strip()]
+    return [n for n in names if not patterns or any(p.search(n) for p in patterns)]
 
 
 class SourceMissing(Exception):

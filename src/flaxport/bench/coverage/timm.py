@@ -9,18 +9,18 @@ own, that it runs on in eval mode (a model with a fixed input size is built for 
 """
 from __future__ import annotations
 
-import re
+from flaxport.bench.coverage.runner import select
 
 BATCH = 2
 SIDES = (32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
 def names(filter: str | None = None) -> list[str]:
-    """timm's model families (its modules with registered models), sorted; those matching `filter`."""
+    """timm's model families (its modules with registered models), sorted; those `filter` selects."""
     from flaxport.bench.zoos import import_timm
 
     timm = import_timm()
-    return [m for m in sorted(timm.list_modules()) if filter is None or re.search(filter, m)]
+    return select(sorted(timm.list_modules()), filter)
 
 
 def build(name: str) -> list[tuple]:

@@ -10,7 +10,8 @@ instead of 12 (each update is the same code again).
 from __future__ import annotations
 
 import inspect
-import re
+
+from flaxport.bench.coverage.runner import select
 
 BATCH = 2
 GROUPS = ("classification", "segmentation", "video", "optical_flow")
@@ -21,8 +22,8 @@ FLOW_UPDATES = 2
 
 
 def names(filter: str | None = None) -> list[str]:
-    """Every model of the four groups, group by group, sorted within each; those matching `filter`."""
-    return [n for group in GROUPS for n in _listed(group) if filter is None or re.search(filter, n)]
+    """Every model of the four groups, group by group, sorted within each; those `filter` selects."""
+    return select([n for group in GROUPS for n in _listed(group)], filter)
 
 
 def build(name: str) -> list[tuple]:
