@@ -2,11 +2,13 @@
 
 A case is a model type of transformers' base-model mapping (`MODEL_MAPPING_NAMES`: `bert` ->
 `BertModel`). Its config class's defaults are shrunk by attribute name (widths 32, 2 heads of 16,
-2 layers, feed-forward 64, 4 experts, 32-pixel images in 4-pixel patches, per-stage depths 1; the
-same rules inside every sub-config), with eager attention and no cache, and the model is built
-with random weights (nothing is downloaded). Its inputs follow the model's main input (token
-ids, pixels, audio features or samples): the first set of candidates the torch model runs on,
-in eval mode, is the case's sample.
+2 layers, feed-forward 64, 4 experts, vocabularies of 99, 32-pixel images in 4-pixel patches but
+where attention is windowed, per-stage depths 1; the same rules inside every sub-config), with
+eager attention and no cache, and the model is built with random weights (nothing is
+downloaded). Its inputs follow the model's main input (token ids, pixels, video frames, audio
+features or samples): the first set of candidates the torch model runs on, in eval mode, is the
+case's sample. A model whose config these rules do not fit, or whose forward needs inputs
+beyond those (boxes, image grids, a tracking session), is reported as not built.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ _SMALL = {
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), EXPERTS),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_source_positions", "max_target_positions"), 128),
     "image_size": 32, "patch_size": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
-    "first_k_dense_replace": 1,
+    "first_k_dense_replace": 1, "rotary_dim": HEAD_DIM // 2, "rotary_emb_dim": HEAD_DIM // 2, "mamba_n_groups": 1,
+    "n_groups": 1, "entity_emb_size": WIDTH, "image_token_embed_dim": WIDTH, "num_frames": 4,
 }
 _KV_HEADS = ("num_key_value_heads", "swa_num_key_value_heads", "linear_num_key_heads")
 _LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "encoder_layers", "decoder_layers")
@@ -85,7 +88,7 @@ def build(name: str) -> list[tuple]:
             failures.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}")
             continue
         return [(model, args, kwargs)]
-    raise RuntimeError(f"no candidate input runs the torch model ({len(failures)} tried; last: {failures[-1]})")
+    raise RuntimeError(f"no candidate input runs the torch model ({len(failures)} tried; the first: {failures[0]})")
 
 
 def tiny_config(config):
@@ -94,22 +97,29 @@ def tiny_config(config):
         sub = getattr(config, key, None)
         if hasattr(sub, "to_dict"):
             tiny_config(sub)
-    layers = next((v for k in _LAYER_COUNTS if isinstance(v := getattr(config, k, None), int) and v > LAYERS), None)
-    heads = getattr(config, "num_attention_heads", None)
-    for key, value in list(vars(config).items()):
-        if key.startswith("_") or isinstance(value, bool):
-            continue
-        if isinstance(value, int) and key in _SMALL and value > _SMALL[key]:
+    settings = {k: v for k, v in vars(config).items() if not k.startswith("_")}
+    layers = next((v for k in _LAYER_COUNTS if type(v := settings.get(k)) is int and v > LAYERS), None)
+    heads = settings.get("num_attention_heads")
+    stages = next((len(v) for k, v in settings.items() if "depths" in k and isinstance(v, (list, tuple))), None)
+    for key, value in settings.items():
+        if key in ("image_size", "patch_size") and type(settings.get("window_size")) is int:
+            continue  # windowed attention (Swin) needs every stage at least a window wide: the image stays
+        if type(value) is int and key in _SMALL and value > _SMALL[key] and not (key == "num_layers" and stages):
             setattr(config, key, _SMALL[key])
-        elif isinstance(value, int) and key in _KV_HEADS and value > 1:
+        elif type(value) is int and key in _KV_HEADS and value > 1:
             # grouped-query attention stays grouped (one key/value head), multi-head stays multi-head
-            setattr(config, key, HEADS if isinstance(heads, int) and value >= heads else 1)
-        elif isinstance(value, list) and value and all(type(v) is int for v in value):
-            setattr(config, key, _shrunk_list(key, value, layers))
-        elif isinstance(value, list) and layers and len(value) == layers:  # per-layer settings (layer_types)
-            setattr(config, key, value[:LAYERS])
-    if hasattr(config, "vocab_size") and isinstance(config.vocab_size, int):
-        config.vocab_size = max(min(config.vocab_size, VOCAB), _largest_token_id(config) + 1)
+            setattr(config, key, HEADS if type(heads) is int and value >= heads else 1)
+        elif type(value) is int and key.endswith(("vocab_size", "codebook_size")) and value > VOCAB:
+            setattr(config, key, VOCAB)
+        elif isinstance(value, (list, tuple)) and value and all(type(v) is int for v in value):
+            setattr(config, key, type(value)(_shrunk_list(key, list(value), layers)))
+        elif isinstance(value, (list, tuple)) and layers and len(value) == layers:  # per-layer settings (layer_types)
+            setattr(config, key, type(value)(value[:LAYERS]))
+        elif isinstance(value, dict) and isinstance(value.get("mrope_section"), list):  # rotary sections of a head
+            setattr(config, key, {**value, "mrope_section": _sections(value["mrope_section"], HEAD_DIM // 2)})
+    _state_space_heads(config)
+    if hasattr(config, "vocab_size") and type(config.vocab_size) in (int, type(None)):
+        config.vocab_size = max(min(config.vocab_size or VOCAB, VOCAB), _largest_token_id(config) + 1)
     if hasattr(config, "use_cache"):
         config.use_cache = False
     config._attn_implementation = "eager"
@@ -117,27 +127,38 @@ def tiny_config(config):
 
 
 def _shrunk_list(key: str, value: list, layers: int | None) -> list:
-    """Per-stage depths become 1 each, per-stage heads 1 each; layer indices stay below the new
-    layer count; a per-layer list is cut to the new layer count."""
+    """Per-stage depths become 1 each, per-stage heads 1 each (per-stage widths stay: bottleneck and
+    group-norm ratios hang on them); layer indices stay below the new layer count; a per-layer list is
+    cut to the new layer count."""
     if "depth" in key or key in ("num_layers", "stage_num_blocks", "blocks_per_stage", "num_block_repeats"):
         return [1] * len(value)
     if "head" in key:
         return [1] * len(value)
-    if re.search(r"hidden_size|hidden_dim|embed_dim|channel|conv_dim|^dims$|width", key):
-        return _narrowed(value)
-    if layers and re.search(r"index|indices|idx|layers_ids", key) and max(value) < layers:
+    if layers and re.search(r"index|indices|idx|layer_ids", key) and max(value) < layers:
         return sorted({min(v, LAYERS - 1) for v in value})
     if layers and len(value) == layers:
         return value[:LAYERS]
     return value
 
 
-def _narrowed(widths: list) -> list:
-    """Per-stage widths divided by the largest of 8, 4, 2 that divides them all and leaves each at least 8."""
-    for factor in (8, 4, 2):
-        if all(w % factor == 0 and w // factor >= 8 for w in widths):
-            return [w // factor for w in widths]
-    return widths
+def _sections(sections: list, total: int) -> list:
+    """`sections` scaled to sum to `total`, each at least 1 (the last takes the rounding)."""
+    scaled = [max(1, s * total // sum(sections)) for s in sections[:-1]]
+    return scaled + [max(1, total - sum(scaled))]
+
+
+def _state_space_heads(config) -> None:
+    """Mamba-style mixers: heads x head size must equal expand x hidden size after shrinking."""
+    for heads, size, expand in (("num_heads", "head_dim", "expand"), ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+                                ("n_mamba_heads", "mamba_headdim", "mamba_expand")):
+        values = [getattr(config, k, None) for k in (heads, size, expand)]
+        if type(values[2]) is not int or type(values[0]) is not int or type(getattr(config, "hidden_size", None)) is not int:
+            continue
+        inner = values[2] * config.hidden_size
+        if type(values[1]) is int:
+            setattr(config, heads, max(1, inner // values[1]))
+        else:  # a head size derived from the heads ("auto")
+            setattr(config, heads, max(1, inner // HEAD_DIM))
 
 
 def _largest_token_id(config) -> int:
@@ -181,6 +202,9 @@ def candidate_inputs(model, config):
     elif main == "pixel_values":
         for side in _image_sides(config):
             kwargs = {"pixel_values": _pixels(config, side, g)}
+            frames = getattr(_vision_config(config), "num_frames", None)
+            if type(frames) is int:  # a video model: (batch, frames, channels, height, width)
+                kwargs["pixel_values"] = torch.stack([kwargs["pixel_values"]] * frames, 1)
             yield _positional(params, extra(dict(kwargs)))
             if "input_ids" in params:
                 yield _positional(params, extra({**kwargs, "input_ids": ids()}))

@@ -33,11 +33,12 @@ def build(name: str) -> list[tuple]:
     model_name = smallest(name)
     default = timm.get_pretrained_cfg_value(model_name, "input_size") or (3, 224, 224)
     fixed = bool(timm.get_pretrained_cfg_value(model_name, "fixed_input_size"))
-    failures = []
+    failures, model = [], None
     for side in dict.fromkeys([*SIDES, default[-1]]):
         torch.manual_seed(0)
         try:
-            model = _create(timm, model_name, side if fixed and side != default[-1] else None).eval()
+            if model is None or fixed:  # a model with a fixed input size is built again for the next side
+                model = _create(timm, model_name, side if fixed and side != default[-1] else None).eval()
             x = torch.randn(BATCH, default[0], side, side, generator=torch.Generator().manual_seed(1))
             with torch.no_grad():
                 model(x)
@@ -45,7 +46,7 @@ def build(name: str) -> list[tuple]:
             failures.append(f"{side}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}")
             continue
         return [(model, (x,), {})]
-    raise RuntimeError(f"{model_name} ran on none of the sides tried (last: {failures[-1]})")
+    raise RuntimeError(f"{model_name} ran on none of the sides tried (the smallest: {failures[0]})")
 
 
 def smallest(family: str) -> str:
