@@ -88,7 +88,7 @@ def test_cases_are_proved_refused_or_not_captured_with_their_reason(zoo, tmp_pat
     linear = records["linear"]
     assert linear["proof"] and linear["step"] == "" and linear["export"] and linear["translated"]
     assert linear["lines"] > 10 and linear["float32"] < 1e-5 and linear["parameters"] == 4 * 3 + 3 + 3 + 3
-    assert set(linear["samples"][0]["seconds"]) == {"translate", "proof", "train", "files"}
+    assert set(linear["samples"][0]["seconds"]) == {"export", "translate", "proof", "train", "files"}
     refused = records["refused"]
     assert (refused["export"], refused["translated"], refused["step"]) == (True, False, "translate")
     assert refused["reason"] == "UnsupportedOpsError: no translation for aten.linalg_det.default"

@@ -5,8 +5,9 @@ The source module builds the case's samples; each sample goes through what a use
 
 1. a few train-mode forwards first where the model keeps running statistics (BatchNorm's
    would otherwise be the trivial 0 and 1), then eval mode;
-2. translate (a failure is "export" when plain `torch.export.export` cannot capture the
-   forward either, else "translate": a refusal names its ops, anything else is a crash);
+2. plain `torch.export.export` (non-strict, eval mode), then translate: a failure is "export"
+   when export could not capture the forward either, else "translate" (a refusal names its ops,
+   anything else is a crash);
 3. the float64 proof at every submodule boundary (eval mode) — "proof";
 4. one train-mode forward against torch, outputs and running statistics (dropout off) — "train";
 5. the written files (model.py, weights.safetensors) loaded as a user loads them, run in eval
@@ -31,11 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxport.bench.coverage.runner import module_name
-
 SETTLE_FORWARDS = 3
 # float32 rounding leaves ~1e-6 of max|torch|; a weight read into the wrong place is off by order 1
 FLOAT32_RTOL = 1e-3
+
+
+def module_name(source: str) -> str:
+    """flaxport.bench.coverage.<source> for the sources here; a dotted name is a module of your own."""
+    return source if "." in source else f"flaxport.bench.coverage.{source}"
 
 
 def main(argv=None) -> int:
@@ -54,14 +58,15 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - the benchmark could not make the case: recorded, not raised
         record.update(step="build", reason=f"not built: {one_line(e)}")
     else:
-        record["build_seconds"] = round(time.perf_counter() - start, 2)
-        for i, (module, example_args, example_kwargs) in enumerate(samples):
+        record.update(build_seconds=round(time.perf_counter() - start, 2), sample_count=len(samples))
+        for module, example_args, example_kwargs in samples:
             sample = {}
             record["samples"].append(sample)
-            check_sample(module, example_args, example_kwargs, sample, lambda step: progress(step))
+            check_sample(module, example_args, example_kwargs, sample, progress)
             if args.peer:
                 from flaxport.bench.coverage import peer
 
+                progress("peer")
                 sample["peer"] = peer.run(args.peer, module, example_args, example_kwargs)
         record.update(summarize(record["samples"]))
     record["case_seconds"] = round(time.perf_counter() - start, 2)
@@ -80,22 +85,24 @@ def check_sample(module, args: tuple, kwargs: dict, out: dict, progress) -> dict
     from flaxport.translate import translate
     from flaxport.translate.proof import check_train, prove
 
+    # plain export before translate: after a failed export inside translate, torch's leftover state fails it too
+    progress("export")
+    start = time.perf_counter()
+    out["export"], why = exports(module, args, kwargs)
+    seconds["export"] = round(time.perf_counter() - start, 2)
     progress("translate")
     start = time.perf_counter()
     try:
         t = translate(module, *args, example_kwargs=kwargs, check=False)
     except Exception as e:  # noqa: BLE001 - a refusal or a crash, told apart by its class in the reason
         seconds["translate"] = round(time.perf_counter() - start, 2)
-        progress("export")
-        captured, why = exports(module, args, kwargs)
-        out["export"] = captured
-        if captured:
+        if out["export"]:
             out.update(step="translate", reason=one_line(e))
         else:
             out.update(step="export", reason=why)
         return out
     seconds["translate"] = round(time.perf_counter() - start, 2)
-    out.update(export=True, translated=True, lines=len(t.source.splitlines()))
+    out.update(translated=True, lines=len(t.source.splitlines()))
     checks = (("proof", lambda: _proof(prove(t, module), out)), ("train", lambda: _train(t, module, check_train)),
               ("files", lambda: _files(t, module, args, kwargs, out)))
     failed = []

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from flaxport.bench.coverage.case import module_name, summarize
+
 SOURCES = ("opinfo", "hf", "timm", "torchvision")
 POLL_SECONDS = 0.5
 
@@ -32,11 +34,6 @@ def select(names, filter: str | None) -> list:  # noqa: A002 - the sources' inte
 
 class SourceMissing(Exception):
     """The source's module is not in this flaxport."""
-
-
-def module_name(source: str) -> str:
-    """flaxport.bench.coverage.<source> for the sources here; a dotted name is a module of your own."""
-    return source if "." in source else f"flaxport.bench.coverage.{source}"
 
 
 def source_module(source: str):
@@ -69,7 +66,8 @@ def run(source: str, names: list, *, timeout: float, memory_gb: float, peer: str
 
 def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: str | None = None) -> dict:
     """One case in a child process -> its record (see case.py), with `seconds` (the child's wall time,
-    imports included); a child stopped or dead says so in `step` and `reason`."""
+    imports included); a child stopped or dead says so in `step` and `reason` (in the peer's record
+    when only the peer was left to run)."""
     with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as tmp:
         result, stderr_path = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
         command = [sys.executable, "-m", "flaxport.bench.coverage.case", source, name, str(result)]
@@ -82,11 +80,19 @@ def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: 
         record = _read(result) or {"source": source, "name": name, "samples": []}
         running = record.pop("running", "build")
         record["seconds"] = seconds
+        why = ""
         if stopped:
-            record.update(step=running, reason=f"stopped: {stopped} while in {running}")
+            why = f"stopped: {stopped} while in {running}"
         elif child.returncode != 0 or running != "done":
-            record.update(step=running, reason=f"the case process died in {running} (exit {child.returncode}: "
-                                               f"{_last_line(stderr_path)})")
+            why = f"the case process died in {running} (exit {child.returncode}: {_last_line(stderr_path)})"
+        samples = record.get("samples", [])
+        if why and running == "peer" and len(samples) == record.get("sample_count"):
+            # flaxport's steps all ran: the peer alone did not finish
+            samples[-1]["peer"] = {"name": peer, "ok": False, "float64": None, "float32": None, "seconds": None,
+                                   "reason": why}
+            record.update(summarize(samples))
+        elif why:
+            record.update(step=running, reason=why)
         return _complete(record)
 
 
@@ -138,8 +144,6 @@ def _last_line(path: Path) -> str:
 
 def _complete(record: dict) -> dict:
     """Every key a record has, also for a case stopped before its samples were summed up."""
-    from flaxport.bench.coverage.case import summarize
-
     samples = [s for s in record.get("samples", []) if "step" in s]
     base = summarize(samples) if samples else {
         "model": None, "parameters": None, "export": None, "translated": False, "proof": False,
