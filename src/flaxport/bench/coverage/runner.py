@@ -97,23 +97,29 @@ def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: 
 
 
 def _watch(child, timeout: float, memory_gb: float) -> str:
-    """Wait for `child`; stop its process group at the limits. -> "" or what stopped it."""
+    """Wait for `child`; stop its process group at the limits (and when the wait itself is
+    interrupted, e.g. by Ctrl-C). -> "" or what stopped it."""
     deadline = time.monotonic() + timeout
-    while child.poll() is None:
-        why = ""
-        if time.monotonic() > deadline:
-            why = f"over the time limit ({timeout:g} s)"
-        elif memory_gb and _resident_gb(child.pid) > memory_gb:
-            why = f"over the memory limit ({memory_gb:g} GB)"
-        if why:
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            child.wait()
-            return why
-        time.sleep(POLL_SECONDS)
+    try:
+        while child.poll() is None:
+            if time.monotonic() > deadline:
+                return _stop(child, f"over the time limit ({timeout:g} s)")
+            if memory_gb and _resident_gb(child.pid) > memory_gb:
+                return _stop(child, f"over the memory limit ({memory_gb:g} GB)")
+            time.sleep(POLL_SECONDS)
+    except BaseException:
+        _stop(child, "interrupted")
+        raise
     return ""
+
+
+def _stop(child, why: str) -> str:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.wait()
+    return why
 
 
 def _resident_gb(pid: int) -> float:
