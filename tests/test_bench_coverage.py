@@ -14,7 +14,7 @@ from flaxport.bench.coverage.__main__ import main
 SOURCE = '''
 import os, re, time
 
-NAMES = ["linear", "refused", "branchy", "broken", "crash", "slow", "hungry"]
+NAMES = ["linear", "refused", "branchy", "broken", "crash", "busy", "hung", "hungry"]
 
 
 def names(filter=None):
@@ -26,7 +26,10 @@ def build(name):
         raise ValueError("no such model here")
     if name == "crash":
         os._exit(7)
-    if name == "slow":
+    if name == "busy":
+        while True:
+            pass
+    if name == "hung":
         time.sleep(120)
     if name == "hungry":
         hoard = b"x" * (600 * 2**20)
@@ -61,9 +64,12 @@ def zoo(tmp_path, monkeypatch):
 
 
 def test_a_case_past_its_time_or_memory_limit_is_stopped_and_says_where_it_was(zoo):
-    slow = runner.run_case(zoo, "slow", timeout=3, memory_gb=0)
-    assert slow["step"] == "build" and slow["reason"] == "stopped: over the time limit (3 s) while in build"
-    assert 3 <= slow["seconds"] < 30 and slow["proof"] is False
+    busy = runner.run_case(zoo, "busy", timeout=1, memory_gb=0)  # CPU seconds: a shared machine's load aside
+    assert busy["step"] == "build" and busy["reason"] == "stopped: over the time limit (1 CPU s) while in build"
+    assert 1 <= busy["cpu_seconds"] < 3 and busy["proof"] is False
+    hung = runner.run_case(zoo, "hung", timeout=0.5, memory_gb=0)  # no CPU used: stopped by the wall clock
+    assert hung["reason"] == f"stopped: over the wall-time limit ({runner.WALL_FACTOR * 0.5:g} s) while in build"
+    assert runner.WALL_FACTOR * 0.5 <= hung["seconds"] < 30
     hungry = runner.run_case(zoo, "hungry", timeout=60, memory_gb=0.3)
     assert hungry["reason"] == "stopped: over the memory limit (0.3 GB) while in build", hungry
     assert hungry["seconds"] < 30
@@ -154,7 +160,7 @@ RECORDS = [
      "reason": "torch.export: GuardOnDataDependentSymNode: Could not guard | on data"},
     {"name": "maxvit", "model": None, "parameters": None, "export": None, "translated": False, "proof": False,
      "float32": None, "lines": None, "seconds": 300.4, "step": "translate",
-     "reason": "stopped: over the time limit (300 s) while in translate"},
+     "reason": "stopped: over the time limit (300 CPU s) while in translate"},
     {"name": "blip", "model": None, "parameters": None, "export": None, "translated": False, "proof": False,
      "float32": None, "lines": None, "seconds": 9.0, "step": "build", "reason": "not built: RuntimeError: no input"},
 ]
@@ -176,7 +182,7 @@ def test_the_case_table_has_a_row_per_case_with_its_figures_and_reason():
     assert text[3] == ("| swin | SwinModel | 1.2M | yes | yes | no | - | 900 | 120 | no "
                        "| float64 proof fails first at 'encoder' (max \\|diff\\| 0.3) |")
     assert text[5] == ("| maxvit | - | - | - | no | no | - | - | 300 | - "
-                       "| stopped: over the time limit (300 s) while in translate |")
+                       "| stopped: over the time limit (300 CPU s) while in translate |")
     assert len(text) == 2 + len(RECORDS)
     assert "| torchax |" not in table.markdown(RECORDS)
 
@@ -188,7 +194,7 @@ def test_the_failures_are_grouped_by_the_step_they_failed_at_in_step_order():
         "- **export** (1):\n"
         "  - `longformer`: torch.export: GuardOnDataDependentSymNode: Could not guard \\| on data\n"
         "- **translate** (1):\n"
-        "  - `maxvit`: stopped: over the time limit (300 s) while in translate\n"
+        "  - `maxvit`: stopped: over the time limit (300 CPU s) while in translate\n"
         "- **proof** (1):\n"
         "  - `swin`: float64 proof fails first at 'encoder' (max \\|diff\\| 0.3)\n")
     assert table.failures(RECORDS[:1]) == ""

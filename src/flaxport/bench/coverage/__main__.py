@@ -32,7 +32,8 @@ def _args(argv):
     p.add_argument("--peer", choices=("torchax",), default=None, help="also run torchax on the same inputs")
     p.add_argument("--json", default=None, metavar="OUT", help="write the records to OUT as JSON lines")
     p.add_argument("--resume", action="store_true", help="keep OUT's records and run only the cases it lacks")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds a case may take (default 300)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="CPU seconds a case may take (default 300; wall time up to 4 times that)")
     p.add_argument("--memory", type=float, default=6.0, metavar="GB",
                    help="resident memory a case may take, in GB (default 6; 0: no limit)")
     p.add_argument("--table", default=None, metavar="OUT", help="print the tables of an earlier run's OUT and exit")
@@ -97,8 +98,8 @@ def describe(args, argv) -> dict:
 def tables(run: dict, records: list) -> str:
     """The run's header, its summary, one row per case and the list of failures, in markdown."""
     versions = ", ".join(f"{k} {v}" for k, v in run["versions"].items())
-    header = (f"`{run['command']}`: {run['date']}, {run['machine']}; {versions}; at most {run['timeout']:g} s "
-              f"and {run['memory_gb']:g} GB a case.\n")
+    header = (f"`{run['command']}`: {run['date']}, {run['machine']}; {versions}; at most {run['timeout']:g} CPU "
+              f"seconds and {run['memory_gb']:g} GB a case.\n")
     return "\n".join([header, table.summary({run["source"]: records}, run.get("peer")),
                       table.markdown(records, run.get("peer")), "What does not pass:\n", table.failures(records)])
 

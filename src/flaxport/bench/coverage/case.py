@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                 progress("peer")
                 sample["peer"] = peer.run(args.peer, module, example_args, example_kwargs)
         record.update(summarize(record["samples"]))
-    record["case_seconds"] = round(time.perf_counter() - start, 2)
+    record.update(case_seconds=round(time.perf_counter() - start, 2), cpu_seconds=round(time.process_time(), 1))
     progress("done")
     return 0
 

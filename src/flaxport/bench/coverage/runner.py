@@ -4,8 +4,8 @@ A source is a module of this package (or, named with dots, one of your own) with
 `names(filter=None) -> [name]` (cheap: nothing is built; `filter` is comma-separated regular
 expressions, a name kept when one of them matches it: `select`) and `build(name) -> [(module,
 args, kwargs)]`. Each case runs as `python -m flaxport.bench.coverage.case` (case.py says what
-is checked); the runner stops it at the time limit or when its resident memory passes the
-memory limit, and records how far it got.
+is checked); the runner stops it when its CPU time passes the time limit or its resident memory
+the memory limit, and records how far it got.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from flaxport.bench.coverage.case import module_name, summarize
 
 SOURCES = ("opinfo", "hf", "timm", "torchvision")
 POLL_SECONDS = 0.5
+WALL_FACTOR = 4  # a case's wall time may be this many times its CPU-time limit
 
 
 def select(names, filter: str | None) -> list:  # noqa: A002 - the sources' interface names it so
@@ -65,8 +66,8 @@ def run(source: str, names: list, *, timeout: float, memory_gb: float, peer: str
 
 
 def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: str | None = None) -> dict:
-    """One case in a child process -> its record (see case.py), with `seconds` (the child's wall time,
-    imports included); a child stopped or dead says so in `step` and `reason` (in the peer's record
+    """One case in a child process -> its record (see case.py), with `seconds` and `cpu_seconds` (the
+    child's wall and CPU time, imports included); a child stopped or dead says so in `step` and `reason` (in the peer's record
     when only the peer was left to run)."""
     with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as tmp:
         result, stderr_path = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
@@ -75,11 +76,11 @@ def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: 
         start = time.perf_counter()
         with open(stderr_path, "wb") as stderr:
             child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-            stopped = _watch(child, timeout, memory_gb)
+            stopped, cpu = _watch(child, timeout, memory_gb)
         seconds = round(time.perf_counter() - start, 1)
         record = _read(result) or {"source": source, "name": name, "samples": []}
         running = record.pop("running", "build")
-        record["seconds"] = seconds
+        record.update(seconds=seconds, cpu_seconds=round(max(cpu, record.get("cpu_seconds", 0.0)), 1))
         why = ""
         if stopped:
             why = f"stopped: {stopped} while in {running}"
@@ -96,21 +97,38 @@ def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: 
         return _complete(record)
 
 
-def _watch(child, timeout: float, memory_gb: float) -> str:
+def _watch(child, timeout: float, memory_gb: float) -> tuple[str, float]:
     """Wait for `child`; stop its process group at the limits (and when the wait itself is
-    interrupted, e.g. by Ctrl-C). -> "" or what stopped it."""
-    deadline = time.monotonic() + timeout
+    interrupted, e.g. by Ctrl-C). -> ("" or what stopped it, the CPU seconds last seen).
+
+    The time limit counts the child's CPU seconds (user + system, all its threads): on a shared
+    machine its wall time would count its neighbours' work too. A child that stops using the CPU
+    (hung) is stopped after WALL_FACTOR times the limit of wall time."""
+    deadline, cpu = time.monotonic() + WALL_FACTOR * timeout, 0.0
     try:
         while child.poll() is None:
+            cpu = max(cpu, _cpu_seconds(child.pid))
+            if cpu > timeout:
+                return _stop(child, f"over the time limit ({timeout:g} CPU s)"), cpu
             if time.monotonic() > deadline:
-                return _stop(child, f"over the time limit ({timeout:g} s)")
+                return _stop(child, f"over the wall-time limit ({WALL_FACTOR * timeout:g} s)"), cpu
             if memory_gb and _resident_gb(child.pid) > memory_gb:
-                return _stop(child, f"over the memory limit ({memory_gb:g} GB)")
+                return _stop(child, f"over the memory limit ({memory_gb:g} GB)"), cpu
             time.sleep(POLL_SECONDS)
     except BaseException:
         _stop(child, "interrupted")
         raise
-    return ""
+    return "", cpu
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and of its children it has waited for (0 where
+    /proc cannot tell)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _stop(child, why: str) -> str:
