@@ -181,7 +181,9 @@ def candidate_inputs(model, config):
     g = torch.Generator().manual_seed(0)
     params = inspect.signature(model.forward).parameters
     main = getattr(model, "main_input_name", "input_ids")
-    vocab = getattr(config, "vocab_size", None) or getattr(_text_config(config), "vocab_size", None) or VOCAB
+    # the smallest vocabulary of the model and its text part (an image model's may be larger)
+    vocab = min([v for c in (config, _text_config(config)) if type(v := getattr(c, "vocab_size", None)) is int]
+                or [VOCAB])
     # below the special tokens (an image token in the ids asks for images)
     high = max(2, min(vocab, _smallest_special_id(config) or vocab))
 
@@ -196,6 +198,8 @@ def candidate_inputs(model, config):
     if main == "input_ids" or main not in params and "input_ids" in params:
         for length in (SEQUENCE, 16, 64):
             yield _positional(params, extra({"input_ids": ids(length)}))
+        if "attention_mask" in params:  # some forwards read the mask's device or length
+            yield _positional(params, extra({"input_ids": ids(), "attention_mask": torch.ones(BATCH, SEQUENCE, dtype=torch.long)}))
         if "pixel_values" in params:
             for side in _image_sides(config):
                 yield _positional(params, extra({"input_ids": ids(), "pixel_values": _pixels(config, side, g)}))
