@@ -52,6 +52,8 @@ def _outputs(module, args, kwargs, precision):
     import torchax
     from torch.utils import _pytree
 
+    from flaxport.translate.proof import FAST_COMPILE
+
     dtype = torch.float64 if precision == "float64" else torch.float32
 
     def cast(v):
@@ -73,7 +75,8 @@ def _outputs(module, args, kwargs, precision):
             a, k = _pytree.tree_unflatten(leaves, spec)
             return [x for x in _pytree.tree_leaves(forward(states, a, k)) if isinstance(x, jax.Array)]
 
-        got = jax.jit(call)(states, [jax.numpy.asarray(tensors[i].numpy()) for i in where])
+        # compiled as the proof compiles (once, run once)
+        got = jax.jit(call, compiler_options=FAST_COMPILE)(states, [jax.numpy.asarray(tensors[i].numpy()) for i in where])
         return expected, [np.asarray(a) for a in got]
 
 
