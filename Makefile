@@ -32,8 +32,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 
-# Every table of docs/benchmarks.md, in one sitting (on a quiet machine: ~20 min on 2 cores);
-# runs/bench/tables.md holds them in the page's layout. Keep in step with flaxport/bench/tables.py.
+# Every table of docs/benchmarks.md, in one sitting (on a quiet machine: ~20 min on 2 cores, and then the
+# coverage benchmark's four sources, which take hours); runs/bench/tables.md holds them in the page's
+# layout (keep in step with flaxport/bench/tables.py), runs/bench/coverage-SOURCE.md the coverage tables.
 BENCH := runs/bench
 FLAXPORT := $(VENV)/bin/flaxport
 bench: setup
@@ -63,6 +64,10 @@ bench: setup
 	  --runs jax-scan,jax-vmap,torch-tuned,torch-vmap --workdir $(BENCH)/vae-vmap
 	$(PY) -m flaxport.bench.tables $(BENCH) > $(BENCH)/tables.md
 	@echo "wrote $(BENCH)/tables.md"
+	for s in opinfo hf timm torchvision; do \
+	  $(PY) -m flaxport.bench.coverage --source $$s --peer torchax --timeout 300 --json $(BENCH)/coverage-$$s.jsonl \
+	    > $(BENCH)/coverage-$$s.md || exit 1; done  # docs/translate.md, Coverage: hours on 2 cores
+	@echo "wrote $(BENCH)/coverage-*.md"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,1 +1,1 @@
-""""""
+"""The coverage benchmark: how many of a zoo's models (or torch's ops) translate and pass the proof."""

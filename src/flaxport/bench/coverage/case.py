@@ -1,0 +1,301 @@
+"""One coverage case, run in a process of its own: `python -m flaxport.bench.coverage.case SOURCE NAME RESULT`.
+
+The source module builds the case's samples; each sample goes through what a user of
+`flaxport translate` gets, and each step is recorded:
+
+1. a few train-mode forwards first where the model keeps running statistics (BatchNorm's
+   would otherwise be the trivial 0 and 1), then eval mode;
+2. plain `torch.export.export` (non-strict, eval mode), then translate: a failure is "export"
+   when export could not capture the forward either, else "translate" (a refusal names its ops,
+   anything else is a crash);
+3. the float64 proof at every submodule boundary (eval mode) — "proof";
+4. one train-mode forward against torch, outputs and running statistics (dropout off) — "train";
+5. the written files (model.py, weights.safetensors) loaded as a user loads them, run in eval
+   mode against torch's float32 outputs and once in train mode — "files".
+
+A sample is proved when every step passed. RESULT is rewritten (atomically) as each step
+starts, so a runner that stops the process still reads how far it got. With `--peer torchax`
+torchax runs the same module on the same inputs beside it (see peer.py).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SETTLE_FORWARDS = 3
+# float32 rounding leaves ~1e-6 of max|torch|; a weight read into the wrong place is off by order 1
+FLOAT32_RTOL = 1e-3
+
+
+def module_name(source: str) -> str:
+    """flaxport.bench.coverage.<source> for the sources here; a dotted name is a module of your own."""
+    return source if "." in source else f"flaxport.bench.coverage.{source}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flaxport.bench.coverage.case", description=__doc__.splitlines()[0])
+    p.add_argument("source", help="a source of this package (hf, timm, ...) or a dotted module name of your own")
+    p.add_argument("name")
+    p.add_argument("result", help="where to write the case's JSON record")
+    p.add_argument("--peer", choices=("torchax",), default=None)
+    args = p.parse_args(argv)
+    record = {"source": args.source, "name": args.name, "step": "build", "samples": []}
+    progress = _Progress(Path(args.result), record)
+    start = time.perf_counter()
+    progress("build")
+    try:
+        samples = importlib.import_module(module_name(args.source)).build(args.name)
+    except Exception as e:  # noqa: BLE001 - the benchmark could not make the case: recorded, not raised
+        record.update(step="build", reason=f"not built: {one_line(e)}")
+    else:
+        record.update(build_seconds=round(time.perf_counter() - start, 2), sample_count=len(samples))
+        for module, example_args, example_kwargs in samples:
+            sample = {}
+            record["samples"].append(sample)
+            check_sample(module, example_args, example_kwargs, sample, progress)
+            if args.peer:
+                from flaxport.bench.coverage import peer
+
+                progress("peer")
+                sample["peer"] = peer.run(args.peer, module, example_args, example_kwargs)
+        record.update(summarize(record["samples"]))
+    record.update(case_seconds=round(time.perf_counter() - start, 2), cpu_seconds=round(time.process_time(), 1))
+    progress("done")
+    return 0
+
+
+def check_sample(module, args: tuple, kwargs: dict, out: dict, progress) -> dict:
+    """Fill `out` with one sample's steps: model, parameters, export, translated, proof, float64,
+    float32 (largest |torch - model.py| over the outputs), lines, seconds (per step), step (the first
+    that failed, or "" when proved) and reason (its one line). -> out"""
+    out.update(model=_label(module), parameters=int(sum(p.numel() for p in module.parameters())),
+               export=None, translated=False, proof=False, float64=None, float32=None, lines=None, step="", reason="")
+    settle(module, args, kwargs)
+    seconds = out["seconds"] = {}  # per step
+    from flaxport.translate import translate
+    from flaxport.translate.proof import check_train, prove
+
+    # plain export before translate: after a failed export inside translate, torch's leftover state fails it too
+    progress("export")
+    start = time.perf_counter()
+    out["export"], why = exports(module, args, kwargs)
+    seconds["export"] = round(time.perf_counter() - start, 2)
+    progress("translate")
+    start = time.perf_counter()
+    try:
+        t = translate(module, *args, example_kwargs=kwargs, check=False)
+    except Exception as e:  # noqa: BLE001 - a refusal or a crash, told apart by its class in the reason
+        seconds["translate"] = round(time.perf_counter() - start, 2)
+        if out["export"]:
+            out.update(step="translate", reason=one_line(e))
+        else:
+            out.update(step="export", reason=why)
+        return out
+    seconds["translate"] = round(time.perf_counter() - start, 2)
+    out.update(translated=True, lines=len(t.source.splitlines()))
+    checks = (("proof", lambda: _proof(prove(t, module), out)), ("train", lambda: _train(t, module, check_train)),
+              ("files", lambda: _files(t, module, args, kwargs, out)))
+    failed = []
+    for step, check in checks:
+        progress(step)
+        start = time.perf_counter()
+        reason = _guarded(check)
+        seconds[step] = round(time.perf_counter() - start, 2)
+        if reason:
+            failed.append((step, reason))
+    out["proof"] = not failed
+    if failed:
+        out["step"], out["reason"] = failed[0]
+    return out
+
+
+def settle(module, args, kwargs) -> None:
+    """A few train-mode forwards (no gradients) where the model keeps running statistics, so they are
+    not the trivial 0 and 1; then eval mode."""
+    import torch
+
+    if any(name.endswith(("running_mean", "running_var")) for name, _ in module.named_buffers()):
+        torch.manual_seed(0)
+        module.train()
+        with torch.no_grad():
+            for _ in range(SETTLE_FORWARDS):
+                module(*args, **kwargs)
+    module.eval()
+
+
+def exports(module, args, kwargs) -> tuple[bool, str]:
+    """(captured, reason): whether plain torch.export.export (non-strict, eval mode) captures the forward."""
+    import torch
+
+    try:
+        torch.export.export(copy.deepcopy(module).eval(), tuple(args), dict(kwargs), strict=False)
+    except Exception as e:  # noqa: BLE001
+        return False, f"torch.export: {one_line(e)}"
+    return True, ""
+
+
+def _guarded(check) -> str:
+    """The reason `check()` returns, or the one line of what it raised."""
+    try:
+        return check()
+    except Exception as e:  # noqa: BLE001 - a crash inside a check is that check's failure
+        return f"crashed: {one_line(e)}"
+
+
+def _proof(report, out) -> str:
+    out["float64"] = _finite(report.max_abs)
+    if report.ok:
+        return ""
+    first = report.first_divergence
+    return (f"float64 proof fails first at {first.torch_name!r} (max |diff| {first.max_abs:.3g}"
+            + (f", {first.note}" if first.note else "") + ")")
+
+
+def _train(t, module, check_train) -> str:
+    if "train" not in t.plan.captures:
+        return next((n for n in t.notes if "train mode could not be captured" in n), "train mode not captured")
+    report = check_train(t, module)
+    if report.ok:
+        return ""
+    first = report.first_divergence
+    return (f"train mode differs first at {first.torch_name!r} ({first.phase}, max |diff| {first.max_abs:.3g}"
+            + (f", {first.note}" if first.note else "") + ")")
+
+
+def _files(t, module, args, kwargs, out) -> str:
+    """model.py and weights.safetensors written, loaded with model.py's own load(), run in eval mode
+    (against torch's float32 outputs) and in train mode."""
+    import importlib.util
+
+    import jax
+    import torch
+
+    from flaxport.translate.proof import _jax_arguments, _leaves_like  # the proof's own input and output order
+
+    torch_out = torch_output(module, args, kwargs)
+    expected = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
+    with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as directory:
+        t.save(directory)
+        spec = importlib.util.spec_from_file_location("model", os.path.join(directory, "model.py"))
+        model_py = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(model_py)
+        model = model_py.load(directory)
+    inputs = _jax_arguments(t, None)
+    model.eval()
+    with jax.default_matmul_precision("highest"):
+        got = [np.asarray(a) for a in _leaves_like(_call(model, inputs), torch_out)]
+    if len(got) != len(expected):
+        return f"model.py returns {len(got)} arrays in eval mode, torch {len(expected)}"
+    differences = []
+    for i, (a, b) in enumerate(zip(expected, got)):
+        if a.shape != b.shape:
+            return f"model.py's output {i} has shape {b.shape} in eval mode, torch's {a.shape}"
+        differences.append(float(np.max(np.abs(a.astype(np.float64) - b), initial=0.0)))
+        scale = float(np.max(np.abs(a), initial=0.0)) if a.dtype != bool else 1.0
+        if not differences[-1] <= FLOAT32_RTOL * max(scale, 1.0):
+            out["float32"] = _finite(max(differences))
+            return f"model.py's output {i} is off by {differences[-1]:.3g} in float32 (max |torch| {scale:.3g})"
+    out["float32"] = max(differences, default=0.0)
+    model.train()
+    trained = [np.asarray(a) for a in jax.tree.leaves(_call(model, inputs))]
+    if not all(np.all(np.isfinite(a)) for a in trained if np.issubdtype(a.dtype, np.floating)):
+        return "model.py's train-mode output is not finite"
+    return ""
+
+
+def _call(model, inputs):
+    """model(*inputs) jitted as a user runs it (nnx.split / merge), its state (running statistics, rng
+    counts) carried back into `model`."""
+    import jax
+    from flax import nnx
+
+    from flaxport.translate.proof import FAST_COMPILE  # compiled once, run once: as the proof compiles
+
+    graphdef, state = nnx.split(model)
+
+    def call(state):
+        m = nnx.merge(graphdef, state)
+        return m(*inputs), nnx.state(m)
+
+    out, state = jax.jit(call, compiler_options=FAST_COMPILE)(state)
+    nnx.update(model, state)
+    return out
+
+
+def torch_output(module, args, kwargs):
+    """The module's eval-mode output on the example (for the structure the JAX output is read in)."""
+    import torch
+
+    with torch.no_grad():
+        return copy.deepcopy(module).eval()(*args, **kwargs)
+
+
+def summarize(samples: list) -> dict:
+    """The case's figures over its samples: every step must hold for every sample; the reason is the
+    first failing sample's."""
+    if not samples:
+        return {"step": "build", "reason": "not built: the source gave no sample"}
+    first = next((s for s in samples if s["step"]), None)
+    figures = [s["float32"] for s in samples if s["float32"] is not None]
+    reason = ""
+    if first is not None:
+        reason = first["reason"] if len(samples) == 1 else f"sample {samples.index(first)}: {first['reason']}"
+    out = {"model": samples[0]["model"], "parameters": samples[0]["parameters"],
+           "export": all(s["export"] for s in samples), "translated": all(s["translated"] for s in samples),
+           "proof": all(s["proof"] for s in samples), "float32": max(figures) if figures else None,
+           "lines": max((s["lines"] for s in samples if s["lines"]), default=None),
+           "step": first["step"] if first else "", "reason": reason}
+    peers = [s.get("peer") for s in samples if s.get("peer")]
+    if peers:
+        out["peer"] = {"name": peers[0]["name"], "ok": all(p["ok"] for p in peers),
+                       "float32": max((p["float32"] for p in peers if p["float32"] is not None), default=None),
+                       "reason": next((p["reason"] for p in peers if p["reason"]), "")}
+    return out
+
+
+def one_line(e: BaseException) -> str:
+    """`Type: first line of the message` (an UnsupportedOpsError: its distinct ops on that line)."""
+    from flaxport.translate.errors import UnsupportedOpsError
+
+    if isinstance(e, UnsupportedOpsError):
+        ops = list(dict.fromkeys(op for op, _, _ in e.items))
+        return f"UnsupportedOpsError: no translation for {', '.join(ops)}"
+    text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def _label(module) -> str:
+    """The module's class; timm's models also say which architecture they are."""
+    architecture = (getattr(module, "pretrained_cfg", None) or {}).get("architecture")
+    return f"{architecture} ({type(module).__name__})" if architecture else type(module).__name__
+
+
+def _finite(x):
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+class _Progress:
+    """Writes the record to `path` (atomically) with the step now running."""
+
+    def __init__(self, path: Path, record: dict):
+        self.path, self.record = path, record
+
+    def __call__(self, step: str) -> None:
+        self.record["running"] = step
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.record))
+        os.replace(tmp, self.path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""`python -m flaxport.bench.coverage`: each case in its own process under limits, its records and tables."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from flaxport.bench.coverage import runner, table
+from flaxport.bench.coverage.__main__ import main
+
+# A source of cases that fail the ways a zoo's cases fail, and two that translate (tiny torch modules).
+SOURCE = '''
+import os, re, time
+
+NAMES = ["linear", "refused", "branchy", "broken", "crash", "busy", "hung", "hungry"]
+
+
+def names(filter=None):
+    return [n for n in NAMES if filter is None or re.search(filter, n)]
+
+
+def build(name):
+    if name == "broken":
+        raise ValueError("no such model here")
+    if name == "crash":
+        os._exit(7)
+    if name == "busy":
+        while True:
+            pass
+    if name == "hung":
+        time.sleep(120)
+    if name == "hungry":
+        hoard = b"x" * (600 * 2**20)
+        time.sleep(120)
+    import torch
+
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x
+
+    class Det(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.det(x)
+
+    torch.manual_seed(0)
+    module = {"linear": lambda: torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.ReLU()),
+              "refused": Det, "branchy": Branchy}[name]()
+    x = torch.randn(2, 4, 4) if name == "refused" else torch.randn(2, 4)
+    return [(module.eval(), (x,), {})]
+'''
+
+
+@pytest.fixture
+def zoo(tmp_path, monkeypatch):
+    """The dotted name of the source above, importable here and in the case processes."""
+    (tmp_path / "fakezoo").mkdir()
+    (tmp_path / "fakezoo" / "__init__.py").write_text("")
+    (tmp_path / "fakezoo" / "cases.py").write_text(textwrap.dedent(SOURCE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    return "fakezoo.cases"
+
+
+def test_a_case_past_its_time_or_memory_limit_is_stopped_and_says_where_it_was(zoo):
+    busy = runner.run_case(zoo, "busy", timeout=1, memory_gb=0)  # CPU seconds: a shared machine's load aside
+    assert busy["step"] == "build" and busy["reason"] == "stopped: over the time limit (1 CPU s) while in build"
+    assert 1 <= busy["cpu_seconds"] < 3 and busy["proof"] is False
+    hung = runner.run_case(zoo, "hung", timeout=0.5, memory_gb=0)  # no CPU used: stopped by the wall clock
+    assert hung["reason"] == f"stopped: over the wall-time limit ({runner.WALL_FACTOR * 0.5:g} s) while in build"
+    assert runner.WALL_FACTOR * 0.5 <= hung["seconds"] < 30
+    hungry = runner.run_case(zoo, "hungry", timeout=60, memory_gb=0.3)
+    assert hungry["reason"] == "stopped: over the memory limit (0.3 GB) while in build", hungry
+    assert hungry["seconds"] < 30
+
+
+def test_a_case_that_cannot_be_built_or_kills_its_process_is_a_record_not_a_crash(zoo):
+    broken = runner.run_case(zoo, "broken", timeout=60, memory_gb=0)
+    assert broken["step"] == "build" and broken["reason"] == "not built: ValueError: no such model here"
+    assert broken["export"] is None and broken["translated"] is False
+    crash = runner.run_case(zoo, "crash", timeout=60, memory_gb=0)
+    assert crash["step"] == "build" and crash["reason"].startswith("the case process died in build (exit 7"), crash
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_cases_are_proved_refused_or_not_captured_with_their_reason(zoo, tmp_path, capsys):
+    out = tmp_path / "zoo.jsonl"
+    assert main(["--source", zoo, "--filter", "^(linear|refused|branchy)$", "--json", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert json.loads(lines[0])["run"]["command"].startswith("python -m flaxport.bench.coverage --source fakezoo.cases")
+    records = {r["name"]: r for r in map(json.loads, lines[1:])}
+    linear = records["linear"]
+    assert linear["proof"] and linear["step"] == "" and linear["export"] and linear["translated"]
+    assert linear["lines"] > 10 and linear["float32"] < 1e-5 and linear["parameters"] == 4 * 3 + 3 + 3 + 3
+    assert set(linear["samples"][0]["seconds"]) == {"export", "translate", "proof", "train", "files"}
+    refused = records["refused"]
+    assert (refused["export"], refused["translated"], refused["step"]) == (True, False, "translate")
+    assert refused["reason"] == "UnsupportedOpsError: no translation for aten.linalg_det.default"
+    branchy = records["branchy"]
+    assert (branchy["export"], branchy["step"]) == (False, "export") and branchy["reason"].startswith("torch.export: ")
+    text = capsys.readouterr().out
+    assert "| fakezoo.cases | 3 | 3 | 2 | 1 | 1 | 50% |" in text
+    assert "| linear | Sequential | 21 | yes | yes | yes |" in text
+    # the tables again, from the file alone; --resume runs nothing that is there
+    assert main(["--table", str(out)]) == 0 and capsys.readouterr().out == text
+    assert main(["--source", zoo, "--filter", "^(linear|refused|branchy)$", "--json", str(out), "--resume"]) == 0
+    assert capsys.readouterr().out == text and len(out.read_text().splitlines()) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("source, name", [("torchvision", "^squeezenet1_1$"), ("hf", "^bert$"), ("timm", "^mlp_mixer$")])
+def test_a_zoo_case_is_built_small_translated_and_proved(source, name, tmp_path):
+    """One case per zoo from a clean process, with torchax beside it where it is installed."""
+    if not _installed({"hf": "transformers"}.get(source, source)):  # (a plain import of PyPI's torchvision fails)
+        pytest.skip(f"{source} is not installed")
+    peer = ["--peer", "torchax"] if _installed("torchax") else []
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run([sys.executable, "-m", "flaxport.bench.coverage", "--source", source, "--filter", name,
+                           "--json", str(out), *peer], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text().splitlines()[1])
+    assert record["proof"], record["reason"]
+    assert record["float32"] < 1e-3 and record["lines"] > 20
+    if peer:
+        assert record["peer"]["name"] == "torchax" and record["peer"]["ok"], record["peer"]
+
+
+def _installed(package) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def test_a_source_that_is_not_there_is_one_line(capsys):
+    with pytest.raises(runner.SourceMissing, match=r"^--source nosuch: this flaxport has no "
+                                                   r"flaxport/bench/coverage/nosuch\.py$"):
+        runner.source_module("nosuch")
+    with pytest.raises(SystemExit) as e:
+        main(["--source", "nosuch"])
+    assert e.value.code == 2 and "choose opinfo, hf, timm, torchvision" in capsys.readouterr().err
+
+
+RECORDS = [
+    {"name": "bert", "model": "BertModel", "parameters": 25536, "export": True, "translated": True, "proof": True,
+     "float32": 4.8e-07, "lines": 316, "seconds": 38.9, "step": "", "reason": "",
+     "peer": {"name": "torchax", "ok": True, "float32": 7e-07, "reason": ""}},
+    {"name": "swin", "model": "SwinModel", "parameters": 1_234_567, "export": True, "translated": True,
+     "proof": False, "float32": None, "lines": 900, "seconds": 120.2, "step": "proof",
+     "reason": "float64 proof fails first at 'encoder' (max |diff| 0.3)",
+     "peer": {"name": "torchax", "ok": False, "float32": None, "reason": "NotImplementedError: aten.x"}},
+    {"name": "longformer", "model": "LongformerModel", "parameters": 50_000, "export": False, "translated": False,
+     "proof": False, "float32": None, "lines": None, "seconds": 20.0, "step": "export",
+     "reason": "torch.export: GuardOnDataDependentSymNode: Could not guard | on data"},
+    {"name": "maxvit", "model": None, "parameters": None, "export": None, "translated": False, "proof": False,
+     "float32": None, "lines": None, "seconds": 300.4, "step": "translate",
+     "reason": "stopped: over the time limit (300 CPU s) while in translate"},
+    {"name": "blip", "model": None, "parameters": None, "export": None, "translated": False, "proof": False,
+     "float32": None, "lines": None, "seconds": 9.0, "step": "build", "reason": "not built: RuntimeError: no input"},
+]
+
+
+def test_the_tables_count_each_case_as_far_as_it_got():
+    assert table.counts(RECORDS) == {"cases": 5, "built": 4, "captured": 3, "translated": 2, "proved": 1, "peer": 1}
+    assert table.summary({"hf": RECORDS}, "torchax") == (
+        "| source | cases | built | captured (torch.export) | translated | proved | proved, of captured | torchax |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| hf | 5 | 4 | 3 | 2 | 1 | 33% | 1 |\n")
+
+
+def test_the_case_table_has_a_row_per_case_with_its_figures_and_reason():
+    text = table.markdown(RECORDS, "torchax").splitlines()
+    assert text[0] == ("| case | model | parameters | captured | translated | proved | float32 diff | lines | s "
+                       "| torchax | reason |")
+    assert text[2] == "| bert | BertModel | 26k | yes | yes | yes | 4.8e-07 | 316 | 39 | yes |  |"
+    assert text[3] == ("| swin | SwinModel | 1.2M | yes | yes | no | - | 900 | 120 | no "
+                       "| float64 proof fails first at 'encoder' (max \\|diff\\| 0.3) |")
+    assert text[5] == ("| maxvit | - | - | - | no | no | - | - | 300 | - "
+                       "| stopped: over the time limit (300 CPU s) while in translate |")
+    assert len(text) == 2 + len(RECORDS)
+    assert "| torchax |" not in table.markdown(RECORDS)
+
+
+def test_the_failures_are_grouped_by_the_step_they_failed_at_in_step_order():
+    assert table.failures(RECORDS) == (
+        "- **build** (1):\n"
+        "  - `blip`: not built: RuntimeError: no input\n"
+        "- **export** (1):\n"
+        "  - `longformer`: torch.export: GuardOnDataDependentSymNode: Could not guard \\| on data\n"
+        "- **translate** (1):\n"
+        "  - `maxvit`: stopped: over the time limit (300 CPU s) while in translate\n"
+        "- **proof** (1):\n"
+        "  - `swin`: float64 proof fails first at 'encoder' (max \\|diff\\| 0.3)\n")
+    assert table.failures(RECORDS[:1]) == ""
+
+
+def test_a_filter_is_comma_separated_regular_expressions_each_searched_in_the_name():
+    names = ["bert", "albert", "vit", "vit_mae", "gpt2"]
+    assert runner.select(names, "^bert$,vit") == ["bert", "vit", "vit_mae"]
+    assert runner.select(names, "bert") == ["bert", "albert"]
+    assert runner.select(names, None) == names == runner.select(names, " , ")
