@@ -1,12 +1,15 @@
 """torch.optim optimizers (and their LR schedulers) as optax transformations that take the same steps.
 
-The pitfalls (docs/porting.md, entries 13-15) each translation handles:
+Every torch.optim optimizer but LBFGS and SparseAdam (refused, saying why) has a chain
+(optimizers/chains.py; the transformations optax lacks in optimizers/transforms.py). The
+pitfalls (docs/porting.md, entries 13-15) those chains handle include:
 
 * SGD: weight_decay is an L2 term added to the gradient *before* momentum; torch's
-  momentum buffer starts at the first gradient and nesterov adds momentum * buffer,
-  which is `optax.trace(momentum, nesterov)`. dampening != 0 is not translated.
+  momentum buffer starts at the first gradient (undampened) and nesterov adds momentum *
+  buffer, which is `optax.trace(momentum, nesterov)` without dampening.
 * Adam: weight_decay is L2 added to the gradient *before* the moments, i.e.
-  chain(add_decayed_weights, scale_by_adam, scale_by_learning_rate), not optax.adamw.
+  chain(add_decayed_weights, scale_by_adam, scale_by_learning_rate), not optax.adamw;
+  amsgrad keeps the largest *raw* second moment (optax's amsgrad, the bias-corrected one).
 * AdamW: decoupled, p -= lr * wd * p next to the Adam step, both from the old p:
   chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate), optax.adamw's
   update. torch's default weight_decay is 0.01; optax's is 1e-4.
@@ -16,52 +19,30 @@ The pitfalls (docs/porting.md, entries 13-15) each translation handles:
   learning rate (optax.rmsprop puts it after, which differs once lr changes).
 * Adagrad: eps outside the square root (optax.adagrad: inside, 1e-7), the accumulator
   starts at torch's initial_accumulator_value (0; optax 0.1), lr / (1 + (t - 1) lr_decay).
+* NAdam, RAdam: torch's momentum schedule and eps placement (optax.nadam / radam differ);
+  ASGD, Rprop, Adafactor, Muon compute the learning rate into their update.
 
-A scheduler (StepLR, ExponentialLR, LinearLR, CosineAnnealingLR, OneCycleLR; schedules.py)
-becomes the learning-rate schedule, and OneCycleLR's cycled momentum / beta1 a schedule
-of the momentum through `optax.inject_hyperparams`. `optax_state_from_torch` carries a
-torch optimizer's state (moments, step counts, the scheduler's count) into the optax
-state, and `torch_moments` reads the moments back under torch's state names.
+A scheduler (schedules.py) becomes the learning-rate schedule, and OneCycleLR's cycled
+momentum / beta1 a schedule of the momentum through `optax.inject_hyperparams`.
+`optax_state_from_torch` carries a torch optimizer's state (moments, step counts, the
+scheduler's count) into the optax state, and `torch_moments` reads the moments back
+under torch's state names.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from flaxport.errors import UserError
+from flaxport.port.optimizers import chains
+from flaxport.port.optimizers.chains import IGNORED, MOMENTS, SCALARS, TORCH_DEFAULTS, UnsupportedOptimizerError
+from flaxport.port.optimizers.transforms import ScaleByTorchAdagradState, scale_by_torch_adagrad
 
 
-class UnsupportedOptimizerError(UserError):
-    """A torch optimizer or option with no faithful optax translation here."""
-
-
-TORCH_DEFAULTS = {
-    "sgd": dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False),
-    "adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
-                 decoupled_weight_decay=False),
-    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, maximize=False,
-                  decoupled_weight_decay=True),
-    "rmsprop": dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False, maximize=False),
-    "adagrad": dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10,
-                    maximize=False),
-}
 # The optax optimizer closest to a torch one flaxport does not translate.
-CLOSEST = {"nadam": "optax.nadam", "radam": "optax.radam", "adamax": "optax.adamax", "adadelta": "optax.adadelta",
-           "rprop": "optax.rprop", "lbfgs": "optax.lbfgs", "asgd": "optax.sgd with an averaged copy of the params",
-           "sparseadam": "optax.adam", "muon": "optax.contrib.muon", "adafactor": "optax.adafactor"}
-# torch's state names of each optimizer's per-parameter tensors -> the optax state field holding them.
-MOMENTS = {"sgd": {"momentum_buffer": "trace"}, "adam": {"exp_avg": "mu", "exp_avg_sq": "nu"},
-           "adamw": {"exp_avg": "mu", "exp_avg_sq": "nu"},
-           "rmsprop": {"square_avg": "nu", "grad_avg": "mu", "momentum_buffer": "trace"},
-           "adagrad": {"sum": "sum"}}
-# Group entries that choose an implementation, not the arithmetic, and those LR schedulers add.
-_IGNORED = {"params", "foreach", "fused", "capturable", "differentiable", "name", "initial_lr", "max_lr", "min_lr",
-            "max_momentum", "base_momentum"}
+CLOSEST = {"lbfgs": "optax.lbfgs", "sparseadam": "optax.adam"}
 
 
 def spec_from_torch(torch_optimizer) -> dict:
@@ -71,9 +52,9 @@ def spec_from_torch(torch_optimizer) -> dict:
     """
     name = type(torch_optimizer).__name__.lower()
     groups = torch_optimizer.param_groups
-    hyper = {k: v for k, v in groups[0].items() if k not in _IGNORED}
+    hyper = {k: v for k, v in groups[0].items() if k not in IGNORED}
     for i, g in enumerate(groups[1:], start=1):
-        other = {k: v for k, v in g.items() if k not in _IGNORED}
+        other = {k: v for k, v in g.items() if k not in IGNORED}
         if other != hyper:
             diff = sorted(k for k in set(hyper) | set(other) if hyper.get(k) != other.get(k))
             raise UnsupportedOptimizerError(
@@ -86,29 +67,6 @@ def _float(v) -> float:
     return float(v.item() if hasattr(v, "item") else v)
 
 
-class ScaleByTorchAdagradState(NamedTuple):
-    count: jax.Array  # steps taken, torch's state['step']
-    sum: optax.Updates  # torch's state['sum']
-
-
-def scale_by_torch_adagrad(eps: float = 1e-10, initial_accumulator_value: float = 0.0,
-                           lr_decay: float = 0.0) -> optax.GradientTransformation:
-    """torch.optim.Adagrad's step before the learning rate: g / (sqrt(sum) + eps) / (1 + t lr_decay)."""
-
-    def init(params):
-        return ScaleByTorchAdagradState(jnp.zeros([], jnp.int32),
-                                        jax.tree.map(lambda p: jnp.full_like(p, initial_accumulator_value), params))
-
-    def update(updates, state, params=None):
-        del params
-        total = jax.tree.map(lambda s, g: s + g * g, state.sum, updates)
-        decay = 1.0 / (1.0 + state.count * lr_decay)
-        updates = jax.tree.map(lambda s, g: g / (jnp.sqrt(s) + eps) * decay, total, updates)
-        return updates, ScaleByTorchAdagradState(optax.safe_increment(state.count), total)
-
-    return optax.GradientTransformation(init, update)
-
-
 def _hyper(optimizer_or_spec) -> tuple[str, dict]:
     if isinstance(optimizer_or_spec, Mapping):
         spec = dict(optimizer_or_spec)
@@ -118,35 +76,18 @@ def _hyper(optimizer_or_spec) -> tuple[str, dict]:
         name = spec.pop("name")
     else:
         raise UnsupportedOptimizerError(f"expected a torch optimizer or a spec dict, got {type(optimizer_or_spec)}")
-    if name not in TORCH_DEFAULTS:
-        closest = f"; the closest optax optimizer is {CLOSEST[name]}" if name in CLOSEST else ""
-        raise UnsupportedOptimizerError(f"optimizer {name!r} is not translated (translated: "
-                                        f"{', '.join(sorted(TORCH_DEFAULTS))}){closest}")
-    if unknown := sorted(set(spec) - set(TORCH_DEFAULTS[name]) - _IGNORED):
-        raise UnsupportedOptimizerError(f"{name} option {unknown[0]!r} is not translated")
-    h = {**TORCH_DEFAULTS[name], **{k: v for k, v in spec.items() if k not in _IGNORED}}
-    if h["maximize"]:
-        raise UnsupportedOptimizerError(f"{name}(maximize=True) is not translated: negate the loss instead")
-    return name, h
-
-
-def _momentum_transform(factory, momentum_schedule, **kwargs):
-    """factory(**kwargs), or with its momentum argument following `momentum_schedule`."""
-    if momentum_schedule is None:
-        return factory(**kwargs)
-    return optax.inject_hyperparams(factory, static_args=("nesterov",))(**kwargs)
+    return name, chains.hyper(name, spec)
 
 
 def optax_from_torch(optimizer_or_spec, scheduler=None) -> optax.GradientTransformation:
-    """torch.optim.{SGD, Adam, AdamW, RMSprop, Adagrad} (an instance, or a spec such as
-    {'name': 'adamw', 'lr': 1e-3}, torch's defaults filling the rest) -> optax transformation.
+    """A torch.optim optimizer (an instance, or a spec such as {'name': 'adamw', 'lr': 1e-3},
+    torch's defaults filling the rest) -> the optax transformation that takes its steps
+    (chains.py: every torch.optim optimizer but LBFGS and SparseAdam).
 
-    scheduler: a torch LR scheduler attached to the optimizer (StepLR, ExponentialLR,
-    LinearLR, CosineAnnealingLR, OneCycleLR): its learning rate (and OneCycleLR's
-    momentum) as optax schedules; without one the optimizer's current lr is used.
-    Raises UnsupportedOptimizerError for other optimizers (naming the closest optax one) and
-    for options not translated (amsgrad, maximize, SGD dampening, differing param groups,
-    unknown spec keys); UnsupportedSchedulerError for other schedulers.
+    scheduler: a torch LR scheduler attached to the optimizer (schedules.py): its learning
+    rate (and OneCycleLR's momentum) as optax schedules; without one the optimizer's current
+    lr is used. Raises UnsupportedOptimizerError for LBFGS / SparseAdam (saying why), unknown
+    spec keys and differing param groups; UnsupportedSchedulerError for other schedulers.
     """
     from flaxport.port.schedules import schedules_from_torch
 
@@ -154,45 +95,9 @@ def optax_from_torch(optimizer_or_spec, scheduler=None) -> optax.GradientTransfo
     lr, mom_schedule = _float(h["lr"]), None
     if scheduler is not None:
         lr, mom_schedule, _ = schedules_from_torch(scheduler)
-    wd = _float(h["weight_decay"])
-    l2 = [optax.add_decayed_weights(wd)] if wd else []  # torch: grad = grad + wd * p, first
-    scale_lr = optax.scale_by_learning_rate(lr)
-
-    if name == "sgd":
-        momentum = _float(h["momentum"])
-        if _float(h["dampening"]):
-            raise UnsupportedOptimizerError("SGD dampening != 0 is not translated (torch's first step skips it)")
-        if h["nesterov"] and momentum <= 0:
-            raise UnsupportedOptimizerError("SGD nesterov needs momentum > 0 (torch refuses it too)")
-        trace = []
-        if momentum or mom_schedule is not None:
-            trace = [_momentum_transform(optax.trace, mom_schedule, decay=mom_schedule or momentum,
-                                         nesterov=bool(h["nesterov"]))]
-        return optax.chain(*l2, *trace, scale_lr)
-
-    if name == "rmsprop":
-        momentum = _float(h["momentum"])
-        kw = dict(decay=_float(h["alpha"]), eps=_float(h["eps"]), initial_scale=0.0, eps_in_sqrt=False)
-        scale = optax.scale_by_stddev(**kw) if h["centered"] else optax.scale_by_rms(**kw)
-        trace = []
-        if momentum or mom_schedule is not None:
-            trace = [_momentum_transform(optax.trace, mom_schedule, decay=mom_schedule or momentum, nesterov=False)]
-        return optax.chain(*l2, scale, *trace, scale_lr)
-
-    if name == "adagrad":
-        return optax.chain(*l2, scale_by_torch_adagrad(_float(h["eps"]), _float(h["initial_accumulator_value"]),
-                                                       _float(h["lr_decay"])), scale_lr)
-
-    # adam / adamw
-    if h["amsgrad"]:
-        raise UnsupportedOptimizerError(f"{name}(amsgrad=True) is not translated; the closest optax optimizer is "
-                                        "optax.amsgrad (check its eps placement against torch's)")
-    b1, b2 = (_float(b) for b in h["betas"])
-    adam = _momentum_transform(optax.scale_by_adam, mom_schedule, b1=mom_schedule or b1, b2=b2, eps=_float(h["eps"]),
-                               eps_root=0.0)
-    if h["decoupled_weight_decay"]:  # AdamW, or Adam(decoupled_weight_decay=True): optax.adamw's chain
-        return optax.chain(adam, *([optax.add_decayed_weights(wd)] if wd else []), scale_lr)
-    return optax.chain(*l2, adam, scale_lr)
+    momentum = chains.Expr("momentum") if mom_schedule is not None else None
+    chain = chains.links(name, h, chains.Expr("learning_rate"), momentum)
+    return chains.build(chain, {"learning_rate": lr, "momentum": mom_schedule})
 
 
 # --------------------------------------------------------------------------- optimizer state
@@ -238,6 +143,8 @@ def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, s
                                         f"({sorted(steps)}): its state cannot be carried as one optax state")
     step = steps.pop() if steps else None
     fields = {}
+    first = next(iter(per_param.values()), {})
+    scalars = {field: _np(first[k]) for k, field in SCALARS.get(name, {}).items() if k in first}
     for torch_key, field in MOMENTS[name].items():
         have = {n: s[torch_key] for n, s in per_param.items() if isinstance(s.get(torch_key), torch.Tensor)}
         if have:
@@ -249,8 +156,11 @@ def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, s
             return node._replace(count=jnp.asarray(count, node.count.dtype)) if count is not None else node
         updates = {f: jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype), getattr(node, f), v)
                    for f, v in fields.items() if f in node._fields}
+        updates.update({f: jnp.asarray(v, getattr(node, f).dtype) for f, v in scalars.items() if f in node._fields})
         if "count" in node._fields and step is not None:
             updates["count"] = jnp.asarray(step, node.count.dtype)
+        elif "count" in node._fields and updates:  # torch keeps no step here (SGD, Muon): it has stepped
+            updates["count"] = jnp.asarray(count if count is not None else 1, node.count.dtype)
         return node._replace(**updates) if updates else node
 
     return _map_states(state, fill)

@@ -101,14 +101,16 @@ def check_step(torch_module, torch_optimizer, loss_fn, flax_model_or_translation
     args = dict(steps=int(steps), scheduler=scheduler, variables=variables, flax_loss_fn=flax_loss_fn, atol=atol,
                 rtol=rtol, flatten_shapes=flatten_shapes, key_map=key_map, input_layout=input_layout,
                 flax_kwargs=flax_kwargs, torch_kwargs=torch_kwargs, dropout=dropout, train=train, seed=seed)
-    report = _check(torch_module, torch_optimizer, loss_fn, flax_model_or_translation, inputs, targets, **args)
+    float64 = any(p.is_floating_point() and p.dtype.itemsize == 8 for p in torch_module.parameters())
+    run = _check_float64 if float64 else _check
+    report = run(torch_module, torch_optimizer, loss_fn, flax_model_or_translation, inputs, targets, **args)
     if report.strict_ok or not recheck_float64 or report.dtype != "float32":
         return report
     import jax
 
     try:
         with jax.enable_x64(True):
-            report64 = _check(torch_module, torch_optimizer, loss_fn, flax_model_or_translation,
+            report64 = _check_float64(torch_module, torch_optimizer, loss_fn, flax_model_or_translation,
                               tuple(noise.array_float64(x) for x in inputs), noise.tree_float64(targets),
                               **{**args, "variables": noise.tree_float64(variables) if variables else None},
                               float64=True)
@@ -128,6 +130,19 @@ def check_step(torch_module, torch_optimizer, loss_fn, flax_model_or_translation
     report.why = noise.why(report.rows, torch_module, [to_torch_input(x) for x in inputs], torch_kwargs,
                            optimizer_name(torch_optimizer))
     return report
+
+
+def _check_float64(*args, **kwargs) -> StepReport:
+    """_check in float64, torch's optimizer scalars (steps, NAdam's mu_product, ASGD's eta) too:
+    torch keeps them in its default dtype."""
+    import torch
+
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return _check(*args, **kwargs)
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def _describe_optimizer(opt, scheduler) -> str:

@@ -182,8 +182,8 @@ class NNXSide:
         try:
             full = {k: np.asarray(v) for k, v in self.t.state_dict().items()}
             full.update({k: np.asarray(v) for k, v in tensors.items()})
-            self.t.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in full.items()})
-            tree = nnx.state(self.t.model, nnx.Param)
+            self.t.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in full.items()})
+            tree = _copy_state(self.t.model, nnx.Param)  # a copy: the model is restored below
         finally:
             nnx.update(self.t.model, saved)
         return jax.tree.map(lambda new, old: new.astype(old.dtype), tree, self.params)
@@ -236,12 +236,12 @@ class NNXSide:
         nnx.update(self.t.model, self.snapshot)
 
 
-def _copy_state(model):
+def _copy_state(model, *filters):
     """The model's variables as they are now: nnx.state holds the live Variables, so rebuild them."""
     import jax
     from flax import nnx
 
-    return jax.tree.map(lambda a: a, nnx.state(model))
+    return jax.tree.map(lambda a: a, nnx.state(model, *filters))
 
 
 def _float64(a):

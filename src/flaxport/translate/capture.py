@@ -25,6 +25,7 @@ import operator
 import re
 import warnings
 
+from flaxport.translate.decompose import decompose_ops
 from flaxport.translate.errors import ExportError, TranslateError
 
 INT64_MAX = 9223372036854775807
@@ -197,9 +198,11 @@ def _user_frame(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- capture
-def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool = True) -> Capture:
+def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool = True,
+            decompose: frozenset = frozenset()) -> Capture:
     """Export a deep copy of `module` in train or eval mode (cast to `dtype` with its float
-    inputs when given) and return the functional, framed Capture. The module is untouched."""
+    inputs when given) and return the functional, framed Capture. The module is untouched.
+    decompose: names of ops to rewrite with torch's decompositions (those nothing translates)."""
     import torch
 
     kwargs = dict(kwargs or {})
@@ -216,6 +219,9 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
         kwargs = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kwargs.items()}
     with torch.no_grad():
         program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic)
+        if decompose:
+            with _quiet():
+                program = decompose_ops(program, decompose)
     graph = program.graph
     placeholders, user_inputs = _placeholders(program)
     names, access = input_paths(m, args, kwargs, len(user_inputs))

@@ -56,23 +56,33 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
     from flaxport.translate.emit import calls_native_conv, module_source
     from flaxport.translate.plan import Plan
 
+    from flaxport.translate.decompose import decomposable
+
     primary = "train" if module.training else "eval"
-    captures, notes = {}, []
-    for mode in (primary, "eval" if primary == "train" else "train"):
+    decompose = frozenset()
+    while True:
+        captures, notes = {}, []
+        for mode in (primary, "eval" if primary == "train" else "train"):
+            try:
+                captures[mode] = capture(module, args, kwargs, train=mode == "train", decompose=decompose)
+            except TranslateError as e:
+                if mode == primary:
+                    raise
+                notes.append(f"{mode} mode could not be captured ({e}); the model is translated in {primary} mode "
+                             "only")
+        captures = dict(sorted(captures.items(), key=lambda kv: kv[0] != "eval"))
         try:
-            captures[mode] = capture(module, args, kwargs, train=mode == "train")
-        except TranslateError as e:
-            if mode == primary:
-                raise
-            notes.append(f"{mode} mode could not be captured ({e}); the model is translated in {primary} mode only")
-    captures = dict(sorted(captures.items(), key=lambda kv: kv[0] != "eval"))
-    try:
-        # static shapes: it only supplies torch's float64 values and which casts follow the dtype
-        f64 = capture(module, args, kwargs, train=False, dtype=torch.float64, dynamic=False)
-    except TranslateError:
-        f64 = None
-    plan = Plan(module, captures, f64, layout=layout)
-    build_classes(plan)
+            # static shapes: it only supplies torch's float64 values and which casts follow the dtype
+            f64 = capture(module, args, kwargs, train=False, dtype=torch.float64, dynamic=False, decompose=decompose)
+        except TranslateError:
+            f64 = None
+        plan = Plan(module, captures, f64, layout=layout)
+        build_classes(plan)
+        # ops nothing translates: once more with torch's own decompositions of them, where it has some
+        more = decomposable(problem[0] for problem in plan.problems) - decompose
+        if not more:
+            break
+        decompose |= more
     if plan.problems:
         raise UnsupportedOpsError(plan.problems)
     header = _header(module, captures, plan.flat_weights, conv)

@@ -1,0 +1,106 @@
+"""train_step.py's text: the loss translated to JAX, make_optimizer() and make_train_step().
+
+The file imports jax, flax, optax, numpy and the standard library only; the transformations
+optax lacks are copied in from port/optimizers/transforms.py.
+"""
+from __future__ import annotations
+
+import ast
+
+from flaxport.translate.training.losses import TENSOR_OPTIONS, Loss
+
+STEP = '''
+def make_train_step(model, optimizer=None):
+    """The model's jitted train step -> (train_step, state, write_back).
+
+    train_step(state, {inputs}{targets}) -> (state, loss): a train-mode forward, the loss,
+    its gradients and one optimizer step. `state` is (params, rest, opt_state) with the
+    arrays as flat lists, which jit passes fastest; `rest` holds BatchNorm statistics and
+    the dropout rng. The step donates `state`: keep only the one it returns.
+    write_back(state) puts the params and statistics into `model`.
+    """
+    optimizer = optimizer or make_optimizer()
+    model.train()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    # copies: the step donates its state, and the model keeps its own arrays
+    param_leaves, param_tree = jax.tree.flatten(jax.tree.map(lambda a: a.copy(), params))
+    rest_leaves, rest_tree = jax.tree.flatten(jax.tree.map(lambda a: a.copy(), rest))
+
+    def loss_of(param_leaves, rest_leaves, {inputs}{targets}):
+        model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves),
+                          jax.tree.unflatten(rest_tree, rest_leaves))
+        loss = loss_fn(model({inputs}){targets})
+        return loss, jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param)))
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def train_step(state, {inputs}{targets}):
+        params, rest, opt_state = state
+        (loss, rest), grads = jax.value_and_grad(loss_of, has_aux=True)(params, rest, {inputs}{targets})
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), rest, opt_state), loss
+
+    def write_back(state):
+        # copies: the next step donates the state's own arrays
+        params, rest = jax.tree.map(lambda a: a.copy(), (state[0], state[1]))
+        nnx.update(model, jax.tree.unflatten(param_tree, params), jax.tree.unflatten(rest_tree, rest))
+
+    return train_step, (param_leaves, rest_leaves, optimizer.init(param_leaves)), write_back
+'''
+
+
+def loss_function_name(jax_loss_source: str) -> str | None:
+    """The name of the function translate_function wrote (the last def), None if it needs a class."""
+    tree = ast.parse(jax_loss_source).body
+    defs = [n.name for n in tree if isinstance(n, ast.FunctionDef)]
+    classes = [n for n in tree if isinstance(n, ast.ClassDef)]
+    return defs[-1] if defs and not classes else None
+
+
+def loss_adapter(loss: Loss, fn: str, tuple_output: bool) -> str:
+    """`loss_fn(outputs[, targets])` calling the translated `fn` as torch calls F.<name>."""
+    constants = {k: v for k, v in loss.kwargs.items() if k in TENSOR_OPTIONS and v is not None}
+    if loss.outputs == 1 and not tuple_output and not constants:
+        return f"loss_fn = {fn}"
+    outs = iter(f"outputs[{i}]" for i in range(loss.outputs)) if tuple_output or loss.outputs > 1 else iter(["outputs"])
+    first = "outputs[0]" if tuple_output or loss.outputs > 1 else "outputs"
+    args = [next(outs) if kind == "o" else "targets" for kind in loss.spec.order]
+    args += [f"jnp.asarray({k.upper()}, {first}.dtype)" for k in constants]
+    lines = [f"{k.upper()} = {v!r}  # the loss's {k}=, as torch was given it" for k, v in constants.items()]
+    signature = "outputs, targets" if loss.has_targets else "outputs"
+    what = f"torch.nn.functional.{loss.name}"
+    lines += ["", "", f"def loss_fn({signature}):",
+              f'    """{what} of the model\'s output{"s" if loss.outputs > 1 else ""}'
+              + (" and the targets" if loss.has_targets else "") + '."""',
+              f"    return {fn}({', '.join(args)})"]
+    return "\n".join(lines).strip()
+
+
+def optimizer_function(body: str, doc: str) -> str:
+    return f"def make_optimizer():\n    \"\"\"{doc}\"\"\"\n" + "\n".join("    " + line for line in body.splitlines())
+
+
+def train_step_source(input_names, loss: Loss, loss_source: str, loss_name: str, optimizer_code: str, extra: list,
+                      header: str, tuple_output: bool = False) -> str:
+    """train_step.py's text: imports, the loss, make_optimizer, make_train_step."""
+    from flaxport.translate import emit
+
+    inputs = ", ".join(input_names or ["x"])
+    loss_code = emit._strip_runtime_imports(loss_source).strip()
+    # the loss's own imports are re-collected below with everything else
+    loss_code = "\n".join(line for line in loss_code.splitlines() if not line.startswith(("import ", "from ")))
+    parts = [loss_code.strip(), loss_adapter(loss, loss_name, tuple_output)]
+    parts += [e.strip() for e in extra]
+    parts.append(optimizer_code)
+    targets = ", targets" if loss.has_targets else ""
+    parts.append(STEP.replace("{inputs}", inputs).replace("{targets}", targets).strip())
+    code = "\n\n\n".join(parts) + "\n"
+    imports = [line for line in emit._imports(code) if line]
+    third = [line for line in imports if not line.startswith(("import functools", "import json", "import math",
+                                                               "import os"))]
+    std = [line for line in imports if line not in third]
+    if "NamedTuple" in code:
+        std.append("from typing import NamedTuple")
+    third.insert(next((i for i, line in enumerate(third) if line.startswith("from ")), len(third)), "import optax")
+    head = "\n".join(dict.fromkeys(std)) + "\n\n" + "\n".join(dict.fromkeys(third))
+    text = f'"""{header}"""\n' + head + "\n\n\n" + code
+    return emit.format_source(text)
