@@ -308,12 +308,16 @@ def test_optax_builtin_schedules_are_not_torchs():
         assert int(np.argmax(want)) == 2 and int(np.argmax(builtin)) == 3
 
 
-def test_untranslated_schedulers_name_the_closest_optax_schedule():
+def test_untranslated_schedulers_are_one_line_saying_why():
     from flaxport.port.schedules import UnsupportedSchedulerError
 
     net, _, _ = _problem(torch.float64)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    with pytest.raises(UnsupportedSchedulerError, match=r"MultiStepLR is not translated .*closest optax one is "
-                                                        r"optax.piecewise_constant_schedule"):
-        optax_from_torch(opt, lrs.MultiStepLR(opt, [2, 4]))
+    with pytest.raises(UnsupportedSchedulerError, match=r"ReduceLROnPlateau is not translated: it lowers the rate "
+                                                        r"when a metric .*optax.contrib.reduce_on_plateau"):
+        optax_from_torch(opt, lrs.ReduceLROnPlateau(opt))
+    with pytest.raises(UnsupportedSchedulerError, match=r"MultiplicativeLR is not translated: .*LambdaLR"):
+        optax_from_torch(opt, lrs.MultiplicativeLR(opt, lambda k: 0.9))
+    with pytest.raises(UnsupportedSchedulerError, match=r"lr_lambda is not translated: it calls `print`"):
+        optax_from_torch(opt, lrs.LambdaLR(opt, lambda k: print(k) or 1.0))
     assert issubclass(UnsupportedSchedulerError, UserError)

@@ -231,9 +231,8 @@ def test_what_cannot_be_carried_across_is_one_line():
          dict(loss_fn=lambda out, t: F.cross_entropy(out, t) if out.sum() > 0 else out.abs().mean(), opt=adam)),
         (UnsupportedOptimizerError, r"LBFGS is not translated: LBFGS re-evaluates the loss .*optax.lbfgs",
          dict(loss_fn=F.cross_entropy, opt=torch.optim.LBFGS(tm.parameters()))),
-        (UnsupportedSchedulerError, r"CosineAnnealingWarmRestarts is not translated .*optax.sgdr_schedule",
-         dict(loss_fn=F.cross_entropy, opt=adam,
-              scheduler=torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(adam, 5))),
+        (UnsupportedSchedulerError, r"ReduceLROnPlateau is not translated: it lowers the rate when a metric",
+         dict(loss_fn=F.cross_entropy, opt=adam, scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(adam))),
     ]
     for error, message, kw in cases:
         with pytest.raises(error, match=message) as e:

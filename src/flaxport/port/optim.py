@@ -58,8 +58,8 @@ def spec_from_torch(torch_optimizer) -> dict:
         if other != hyper:
             diff = sorted(k for k in set(hyper) | set(other) if hyper.get(k) != other.get(k))
             raise UnsupportedOptimizerError(
-                f"{type(torch_optimizer).__name__} param group {i} differs from group 0 in {diff}: translate each "
-                "group with optax_from_torch({...spec...}) and combine them with optax.multi_transform")
+                f"{type(torch_optimizer).__name__} param group {i} differs from group 0 in {diff}: pass "
+                "param_labels (a tree like the parameters holding each one's group index)")
     return {"name": name, **hyper}
 
 
@@ -79,25 +79,73 @@ def _hyper(optimizer_or_spec) -> tuple[str, dict]:
     return name, chains.hyper(name, spec)
 
 
-def optax_from_torch(optimizer_or_spec, scheduler=None) -> optax.GradientTransformation:
+def group_hypers(torch_optimizer) -> list:
+    """Each param group's hyperparameters (torch's defaults filled in), in group order."""
+    name = type(torch_optimizer).__name__.lower()
+    return [chains.hyper(name, {k: v for k, v in g.items() if k not in IGNORED})
+            for g in torch_optimizer.param_groups]
+
+
+def optax_from_torch(optimizer_or_spec, scheduler=None, param_labels=None,
+                     scheduler_every: int = 1) -> optax.GradientTransformation:
     """A torch.optim optimizer (an instance, or a spec such as {'name': 'adamw', 'lr': 1e-3},
     torch's defaults filling the rest) -> the optax transformation that takes its steps
     (chains.py: every torch.optim optimizer but LBFGS and SparseAdam).
 
     scheduler: a torch LR scheduler attached to the optimizer (schedules.py): its learning
-    rate (and OneCycleLR's momentum) as optax schedules; without one the optimizer's current
-    lr is used. Raises UnsupportedOptimizerError for LBFGS / SparseAdam (saying why), unknown
-    spec keys and differing param groups; UnsupportedSchedulerError for other schedulers.
+    rate (and OneCycleLR's / CyclicLR's momentum) as optax schedules; without one the
+    optimizer's current lr is used. param_labels: for an optimizer whose param groups differ,
+    a tree like the parameters holding each one's group index: the groups' chains become one
+    optax.multi_transform. scheduler_every: optimizer steps per scheduler.step() (torch code
+    that steps the scheduler once an epoch: the steps of an epoch). Raises
+    UnsupportedOptimizerError for LBFGS / SparseAdam (saying
+    why), unknown spec keys and differing groups without labels; UnsupportedSchedulerError
+    for schedulers that are not a function of the step count.
     """
-    from flaxport.port.schedules import schedules_from_torch
-
+    if hasattr(optimizer_or_spec, "param_groups") and len(optimizer_or_spec.param_groups) > 1:
+        hypers = group_hypers(optimizer_or_spec)
+        if any(h != hypers[0] for h in hypers[1:]) or (scheduler is not None and len(
+                {float(b) for b in getattr(scheduler, "base_lrs", [0])}) > 1):
+            if param_labels is None:
+                spec_from_torch(optimizer_or_spec)  # its one line: the groups differ
+            return _groups(optimizer_or_spec, hypers, scheduler, param_labels, scheduler_every)
     name, h = _hyper(optimizer_or_spec)
     lr, mom_schedule = _float(h["lr"]), None
     if scheduler is not None:
-        lr, mom_schedule, _ = schedules_from_torch(scheduler)
+        lr, mom_schedule = learning_rates(scheduler, scheduler_every)[0]
     momentum = chains.Expr("momentum") if mom_schedule is not None else None
     chain = chains.links(name, h, chains.Expr("learning_rate"), momentum)
     return chains.build(chain, {"learning_rate": lr, "momentum": mom_schedule})
+
+
+def _every(schedule, steps: int):
+    from flaxport.port.schedules import every
+
+    return every(schedule, steps) if schedule is not None and steps > 1 else schedule
+
+
+def learning_rates(scheduler, scheduler_every: int = 1) -> list:
+    """[(learning rate schedule, momentum schedule or None)] per param group of a torch scheduler's
+    optimizer, as functions of the optimizer step count (what the optax chains are built with)."""
+    from flaxport.port.optimizers import schedule_links
+
+    links = schedule_links.from_torch(scheduler)
+    out = []
+    for i, link in enumerate(links.lr):
+        mom = schedule_links.build(links.momentum[i], links.lambdas) if links.momentum else None
+        out.append((_every(schedule_links.build(link, links.lambdas), scheduler_every), _every(mom, scheduler_every)))
+    return out
+
+
+def _groups(opt, hypers, scheduler, param_labels, scheduler_every):
+    name = type(opt).__name__.lower()
+    rates = learning_rates(scheduler, scheduler_every) if scheduler is not None else None
+    transforms = {}
+    for i, h in enumerate(hypers):
+        lr, mom = rates[i] if rates else (_float(h["lr"]), None)
+        chain = chains.links(name, h, chains.Expr("learning_rate"), chains.Expr("momentum") if mom else None)
+        transforms[i] = chains.build(chain, {"learning_rate": lr, "momentum": mom})
+    return optax.multi_transform(transforms, param_labels)
 
 
 # --------------------------------------------------------------------------- optimizer state
@@ -119,7 +167,8 @@ def _schedule_counted(node) -> bool:
                                    "WrappedScheduleState")
 
 
-def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, scheduler=None):
+def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, scheduler=None,
+                           scheduler_every: int = 1):
     """The optax state of `tx` (optax_from_torch's) holding what `torch_optimizer` holds now.
 
     torch_module: the module whose parameters the optimizer updates (for their names).
@@ -128,15 +177,20 @@ def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, s
     params_to_flax, or a translation's conversion). Moments (exp_avg, momentum_buffer, ...)
     and the step count come from the torch optimizer's state (zeros for a parameter
     without state); the schedules' count from the scheduler's last_epoch. A torch
-    optimizer that has not stepped gives tx.init(params) with that count.
+    optimizer that has not stepped gives tx.init(params) with that count (times
+    scheduler_every: the schedules count optimizer steps).
     """
     import torch
 
-    name, _ = _hyper(torch_optimizer)
+    name = optimizer_name(torch_optimizer)
     state = tx.init(params)
     names = {id(p): n for n, p in torch_module.named_parameters()}
     per_param = {names[id(p)]: s for p, s in torch_optimizer.state.items() if id(p) in names and s}
-    count = int(scheduler.last_epoch) if scheduler is not None else None
+    count = None
+    if scheduler is not None:
+        from flaxport.port.optimizers import schedule_links
+
+        count = schedule_links.from_torch(scheduler).count * int(scheduler_every)
     steps = {int(_float(s["step"])) for s in per_param.values() if "step" in s}
     if len(steps) > 1:
         raise UnsupportedOptimizerError(f"the torch optimizer's parameters have taken different numbers of steps "
@@ -154,8 +208,7 @@ def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, s
     def fill(node):
         if _schedule_counted(node):
             return node._replace(count=jnp.asarray(count, node.count.dtype)) if count is not None else node
-        updates = {f: jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype), getattr(node, f), v)
-                   for f, v in fields.items() if f in node._fields}
+        updates = {f: _fill_like(getattr(node, f), v) for f, v in fields.items() if f in node._fields}
         updates.update({f: jnp.asarray(v, getattr(node, f).dtype) for f, v in scalars.items() if f in node._fields})
         if "count" in node._fields and step is not None:
             updates["count"] = jnp.asarray(step, node.count.dtype)
@@ -166,24 +219,50 @@ def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, s
     return _map_states(state, fill)
 
 
+def _masked(x) -> bool:
+    return isinstance(x, optax.MaskedNode)
+
+
+def _fill_like(old, new):
+    """`new` (a full parameter tree) cast into `old`'s leaves; where a param group's state holds
+    optax.MaskedNode (a parameter of another group), it stays."""
+    leaves, tree = jax.tree_util.tree_flatten(old, is_leaf=_masked)
+    values = jax.tree.leaves(new)
+    return jax.tree_util.tree_unflatten(tree, [o if _masked(o) else jnp.asarray(v, o.dtype)
+                                               for o, v in zip(leaves, values)])
+
+
 def optimizer_name(optimizer_or_spec) -> str:
     """'adam', 'sgd', ... of a torch optimizer or spec (the key of MOMENTS); raises for untranslated ones."""
+    if hasattr(optimizer_or_spec, "param_groups"):
+        name = type(optimizer_or_spec).__name__.lower()
+        chains.defaults(name)
+        return name
     return _hyper(optimizer_or_spec)[0]
 
 
 def torch_moments(name: str, opt_state) -> dict:
-    """{torch state name ('exp_avg', ...): the optax state's tree of it} for optimizer `name`."""
+    """{torch state name ('exp_avg', ...): the optax state's tree of it} for optimizer `name`;
+    the param groups' states (optax.multi_transform's) merged into one tree."""
     found: dict = {}
     fields = {f: k for k, f in MOMENTS[name].items()}
 
     def visit(node):
         for f, k in fields.items():
             if f in getattr(node, "_fields", ()) and not _schedule_counted(node):
-                found.setdefault(k, getattr(node, f))
+                found.setdefault(k, []).append(getattr(node, f))
         return node
 
     _map_states(opt_state, visit)
-    return found
+    return {k: _merge(trees) for k, trees in found.items()}
+
+
+def _merge(trees):
+    """One tree from param groups' trees, each holding MaskedNode where another group's parameter is."""
+    flat = [jax.tree_util.tree_flatten(t, is_leaf=_masked) for t in trees]
+    merged = [next((leaves[i] for leaves, _ in flat if not _masked(leaves[i])), flat[0][0][i])
+              for i in range(len(flat[0][0]))]
+    return jax.tree_util.tree_unflatten(flat[0][1], merged)
 
 
 def _np(t):

@@ -95,6 +95,10 @@ class Link:
 def _literal(v) -> str:
     if isinstance(v, float) and v == float("inf"):
         return 'float("inf")'
+    if isinstance(v, Link):
+        return v.code
+    if isinstance(v, list):
+        return "[" + ", ".join(_literal(e) for e in v) + "]"
     return repr(v)
 
 
