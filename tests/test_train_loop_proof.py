@@ -119,3 +119,24 @@ def test_a_port_with_a_loop_bug_fails(problem, monkeypatch, bug):
         assert (first.phase, first.step) == ("lr", 2), str(report)  # LinearLR's second step
     else:
         assert first.phase == "param" and first.torch_name.startswith("bn."), str(report)
+
+
+@pytest.mark.slow
+def test_train_step_py_of_the_whole_loop_is_proven(problem):
+    """write_train_step from the torch objects themselves (3 param groups, SequentialLR,
+    clip_grad_norm_, 4 micro-batches): train_step.py holds PARAM_GROUPS by NNX path, the schedule
+    functions and ACCUMULATE, and its own step equals torch's loop over 12 steps in float64."""
+    from flaxport.translate.train_step import write_train_step
+
+    module, t, x, y = problem
+    opt = torch.optim.AdamW(groups(module, 0.05), lr=0.02, weight_decay=0.1)
+    sched = lrs.SequentialLR(opt, [lrs.LinearLR(opt, start_factor=0.2, total_iters=5),
+                                   lrs.CosineAnnealingLR(opt, T_max=8, eta_min=0.001)], milestones=[5])
+    step = write_train_step(t, module, opt, F.cross_entropy, batch=(x, y), steps=12, scheduler=sched,
+                            clip_grad_norm=CLIP, accumulate=4)
+    assert step.ok and max(r[2] for r in step.rows) < 1e-12, step.markdown()
+    source = step.source
+    assert '"bn/bias": 1,  # bn.bias' in source and "ACCUMULATE = 4" in source
+    assert "def make_optimizer(param_paths, scheduler_every=1):" in source
+    assert "clip_grad_norm(max_norm=0.1, norm_type=2.0)" in source and "def sequential(" in source
+    assert "lr[group 2]" in {r.torch_name for r in step.report.rows}

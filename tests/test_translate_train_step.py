@@ -117,6 +117,33 @@ def test_bad_optimizer_or_loss_text_is_one_line_and_exit_2(tmp_path, capsys, fla
     assert not out.exists() and not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau()"], "ReduceLROnPlateau is not translated: it lowers"),
+    (["--scheduler", "StepLR(gamma=0.5)"], "torch refuses it: StepLR.__init__() missing 1 required positional"),
+    (["--scheduler", "LambdaLR(lr_lambda=lambda s: __import__('os').system('touch pwned'))"],
+     "lr_lambda is not translated: it calls `__import__('os').system`"),
+    (["--scheduler", "StepLR(step_size=get())"], "step_size= must be a literal"),
+    (["--scheduler", "os.system('x')"], "os.system is not a torch.optim.lr_scheduler class"),
+    (["--accumulate", "3"], "--accumulate 3: the example batch of 4 does not split into 3 equal micro-batches"),
+    (["--clip-grad-norm", "-1"], "--clip-grad-norm -1: clipping needs a positive bound"),
+    (["--scheduler-every", "0"], "--accumulate and --scheduler-every are at least 1"),
+])
+def test_bad_training_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, says):
+    models = tmp_path / "my_models.py"
+    models.write_text(MODELS)
+    out = tmp_path / "out"
+    code = main(["translate", f"{models}:net", "--input", "4,3,8,8", "--out", str(out), "--optimizer",
+                 "torch.optim.SGD(lr=0.1)", "--loss", "F.cross_entropy", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    assert not out.exists() and not (tmp_path / "pwned").exists()
+
+
+def test_training_flags_without_an_optimizer_are_one_line(tmp_path, capsys):
+    code = main(["translate", "x.py:net", "--input", "2,3", "--out", str(tmp_path / "o"), "--accumulate", "2"])
+    assert code == 2 and "need --optimizer and --loss" in capsys.readouterr().err
+
+
 def test_optimizer_without_loss_is_one_line(tmp_path, capsys):
     code = main(["translate", "x.py:net", "--input", "2,3", "--out", str(tmp_path / "o"), "--optimizer", "Adam()"])
     err = capsys.readouterr().err

@@ -53,6 +53,23 @@ def add_parser(sub):
     p.add_argument("--loss", default=None, metavar="TEXT",
                    help='the loss of train_step.py, e.g. "torch.nn.functional.cross_entropy" or '
                         '"nn.MSELoss(reduction=\'sum\')"')
+    p.add_argument("--scheduler", default=None, metavar="TEXT",
+                   help='the LR scheduler of train_step.py, e.g. "torch.optim.lr_scheduler.OneCycleLR(max_lr=0.1, '
+                        'total_steps=1000)" (literal keyword arguments; the optimizer is --optimizer\'s)')
+    p.add_argument("--scheduler-every", type=int, default=1, metavar="N",
+                   help="optimizer steps per scheduler.step(): 1 (default) where torch steps it every batch, the "
+                        "batches of an epoch where it steps once an epoch")
+    p.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX",
+                   help="clip the gradients' total norm to MAX before each step (torch.nn.utils.clip_grad_norm_)")
+    p.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P",
+                   help="the norm --clip-grad-norm measures: 2 (default) or inf")
+    p.add_argument("--clip-grad-value", type=float, default=None, metavar="V",
+                   help="clamp each gradient to [-V, V] before each step (torch.nn.utils.clip_grad_value_)")
+    p.add_argument("--accumulate", type=int, default=1, metavar="N",
+                   help="micro-batches per optimizer step: loss / N, backward N times, then one step (the --input "
+                        "batch must split into N)")
+    p.add_argument("--proof-steps", type=int, default=5, metavar="N",
+                   help="train steps the proof of train_step.py takes in both frameworks (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example inputs")
     common.add_debug(p)
     p.set_defaults(run=run)
@@ -67,10 +84,25 @@ def run(args) -> int:
     optimizer = loss = None
     if (args.optimizer is None) != (args.loss is None):
         raise UserError("train_step.py needs both --optimizer and --loss")
+    training = {}
+    if args.optimizer is None and (args.scheduler or args.clip_grad_norm or args.clip_grad_value or
+                                   args.accumulate != 1):
+        raise UserError("--scheduler, --clip-grad-norm, --clip-grad-value and --accumulate are train_step.py's: "
+                        "they need --optimizer and --loss")
     if args.optimizer is not None:
         from flaxport.translate.train_step import parse_loss, parse_optimizer
+        from flaxport.translate.training.loop import Training
+        from flaxport.translate.training.optimizer import OptimizerSpec
+        from flaxport.translate.training.schedule import parse_scheduler
 
         optimizer, loss = parse_optimizer(args.optimizer), parse_loss(args.loss)
+        if args.proof_steps < 1:
+            raise UserError(f"--proof-steps {args.proof_steps}: at least 1")
+        training = dict(scheduler=parse_scheduler(args.scheduler, optimizer) if args.scheduler else None,
+                        scheduler_every=args.scheduler_every, clip_grad_norm=args.clip_grad_norm,
+                        norm_type=args.clip_norm_type, clip_grad_value=args.clip_grad_value,
+                        accumulate=args.accumulate)
+        Training(OptimizerSpec(*optimizer[:1], [optimizer[1]]), loss, **training)  # the flags' one-line checks
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a directory")
@@ -85,7 +117,7 @@ def run(args) -> int:
     if optimizer is not None:
         from flaxport.translate.train_step import write_train_step
 
-        write_train_step(t, module, optimizer, loss)
+        write_train_step(t, module, optimizer, loss, steps=args.proof_steps, **training)
     t.save(out)
     print(t.summary())
     if t.train_step is not None:

@@ -14,6 +14,7 @@ and the file's own `train_step` run for STEPS steps in float64 against torch in 
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 
 from flaxport.errors import UserError
@@ -30,14 +31,11 @@ def optimizer_source(name: str, hyper: dict) -> tuple[str, list]:
     """The body of make_optimizer() for torch optimizer `name` (its class name) with `hyper`
     (torch's arguments; torch's defaults fill the rest) -> (code, transforms.py sources it needs).
     The chain is port/optimizers/chains.py's, as optax_from_torch builds it."""
-    from flaxport.port.optimizers import chains
+    from flaxport.translate.training.optimizer import OptimizerSpec, make_optimizer_code
 
-    key = name.lower()
-    h = chains.hyper(key, hyper)
-    chain = chains.links(key, h)
-    lines = [f"learning_rate = {float(h['lr'])!r}",
-             "return " + chain_code(chain)]
-    return "\n".join(lines), transform_sources(chains.custom(chain))
+    code, extra = make_optimizer_code(OptimizerSpec(name, [hyper]))
+    first = ast.parse(code).body[0].body[1].lineno - 1  # below the def and its docstring
+    return "\n".join(line[4:] for line in code.splitlines()[first:]), extra
 
 
 # --------------------------------------------------------------------------- the proof's record
@@ -83,14 +81,21 @@ class TrainStep:
 
 
 # --------------------------------------------------------------------------- writing it
-def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True, steps: int = STEPS) -> TrainStep:
+def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True, steps: int = STEPS, *,
+                     scheduler=None, scheduler_every: int = 1, clip_grad_norm: float | None = None,
+                     norm_type: float = 2.0, clip_grad_value: float | None = None, accumulate: int = 1) -> TrainStep:
     """Generate train_step.py for translation `t` of `module`, prove it, set `t.train_step`
     (so `t.save(directory)` writes it) and return it.
 
-    optimizer: a torch optimizer (any torch.optim class but LBFGS and SparseAdam; its
-    hyperparameters are read, its state is not), or a text such as "torch.optim.AdamW(lr=3e-4)".
-    loss: a torch.nn loss function or module, or its text. batch: (inputs, targets) in torch's
-    layout; by default the translation's example inputs and targets drawn for the loss.
+    optimizer: a torch optimizer over module's parameters (any torch.optim class but LBFGS and
+    SparseAdam; several param groups allowed; its hyperparameters are read, its state is not),
+    or a text such as "torch.optim.AdamW(lr=3e-4)". loss: a torch.nn loss function or module,
+    or its text. scheduler: a torch LR scheduler on that optimizer, or a text such as
+    "torch.optim.lr_scheduler.OneCycleLR(max_lr=0.1, total_steps=1000)"; scheduler_every:
+    optimizer steps per scheduler.step(). clip_grad_norm / norm_type / clip_grad_value: torch's
+    clipping before each step; accumulate: micro-batches per step. batch: (inputs, targets)
+    in torch's layout; by default the translation's example inputs and targets drawn for the
+    loss (the batch must split into `accumulate` equal micro-batches).
     """
     import copy
 
@@ -98,12 +103,19 @@ def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True,
 
     from flaxport.translate.function import translate_function
     from flaxport.translate.training import proof
-    from flaxport.translate.training.source import loss_function_name, optimizer_function, train_step_source
+    from flaxport.translate.training.loop import training
+    from flaxport.translate.training.optimizer import make_optimizer_code
+    from flaxport.translate.training.source import loss_function_name, train_step_source
 
-    name, kwargs = as_optimizer(optimizer)
-    loss = as_loss(loss)
+    plan = training(optimizer, loss, module, scheduler, scheduler_every=int(scheduler_every),
+                    clip_grad_norm=clip_grad_norm, norm_type=float(norm_type), clip_grad_value=clip_grad_value,
+                    accumulate=int(accumulate))
+    loss = plan.loss
     inputs = tuple(t.call_arguments) if batch is None else tuple(batch[0]) if isinstance(batch[0], (tuple, list)) \
         else (batch[0],)
+    if inputs and inputs[0].shape[0] % plan.accumulate:
+        raise TrainStepError(f"--accumulate {plan.accumulate}: the example batch of {inputs[0].shape[0]} does not split "
+                             f"into {plan.accumulate} equal micro-batches (give --input a batch that does)")
     with torch.no_grad():
         example_out = copy.deepcopy(module).eval()(*inputs)
     if hasattr(example_out, "to_tuple"):  # a HuggingFace ModelOutput: the translation returns its tuple
@@ -121,24 +133,23 @@ def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True,
     loss_name = loss_function_name(jax_loss.source)
     if loss_name is None:
         raise UserError(f"--loss {loss.text!r}: its translation needs state; pass a plain loss function")
-    body, extra = optimizer_source(name, kwargs)
-    opt_text = optimizer_text(name, kwargs)
+    schedule = plan.schedule_links(module)
+    optimizer_code, extra = make_optimizer_code(plan.optimizer, schedule, plan.clip_links(), t.names)
     loss_text = f"torch.nn.functional.{loss.name}" + (
         f"({', '.join(f'{k}={v!r}' for k, v in loss.kwargs.items())})" if loss.kwargs else "")
     targets_arg = ", targets" if loss.has_targets else ""
     header = (f"Train step of {t.root_class} (model.py), written by `flaxport translate`.\n\n"
-              f"Optimizer: {opt_text}, as optax. Loss: {loss_text}, in JAX.\n\n"
+              f"Optimizer: {plan.describe()}, as optax. Loss: {loss_text}, in JAX.\n\n"
               "    model = model_py.load(directory)\n"
               "    train_step, state, write_back = make_train_step(model)\n"
               f"    for inputs{targets_arg} in batches:\n"
               f"        state, loss = train_step(state, inputs{targets_arg})\n"
               "    write_back(state)\n")
     input_names = list(next(iter(t.plan.captures.values())).input_names)
-    source = train_step_source(input_names, loss, jax_loss.source, loss_name,
-                               optimizer_function(body, f"{opt_text} as optax: torch's steps, in torch's order."),
-                               extra, header, tuple_output)
-    step = TrainStep(source, None, [], opt_text, f"F.{loss.name}", steps)
+    source = train_step_source(input_names, loss, jax_loss.source, loss_name, optimizer_code, extra, header,
+                               tuple_output, plan.accumulate, len(plan.optimizer.groups) > 1)
+    step = TrainStep(source, None, [], plan.describe(), f"F.{loss.name}", steps)
     if check:
-        step.report, step.rows = proof.prove(t, module, (name, kwargs), loss, source, inputs, targets, steps)
+        step.report, step.rows = proof.prove(t, module, plan, source, inputs, targets, steps)
     t.train_step = step
     return step

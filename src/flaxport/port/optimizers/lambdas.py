@@ -116,8 +116,12 @@ class _Writer:
         _refuse(f"`{ast.unparse(node)}` is not arithmetic on the step")
 
     def call(self, node) -> str:
-        args = [self.expr(a) for a in node.args]
         name = node.func.id if isinstance(node.func, ast.Name) else None
+        is_math = isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and \
+            node.func.value.id == "math" and node.func.attr in _MATH - {"pi", "e", "inf"}
+        if name not in ("min", "max", "float", "int", "abs") and not is_math:
+            _refuse(f"it calls `{ast.unparse(node.func)}`")
+        args = [self.expr(a) for a in node.args]
         if name in ("min", "max") and len(args) >= 2:
             fn = "jnp.minimum" if name == "min" else "jnp.maximum"
             return functools.reduce(lambda a, b: f"{fn}({a}, {b})", args)
@@ -195,14 +199,28 @@ def translate_lambda(fn, name: str = "lr_lambda") -> Translated:
     return Translated(fn, name, source, _compile(source, name))
 
 
+class TextLambda:
+    """A --scheduler text's `lambda step: ...` as torch's LambdaLR calls it: its syntax tree
+    evaluated node by node (never run)."""
+
+    def __init__(self, node: ast.Lambda):
+        self.node = node
+        self.step = node.args.args[0].arg
+
+    def __call__(self, step):
+        return evaluate(self.node.body, self.step, step)
+
+    def translate(self, name: str) -> Translated:
+        source = _write(name, self.node, self.step, {}, f"lambda {self.step}: {ast.unparse(self.node.body)}, in JAX.")
+        return Translated(self, name, source, _compile(source, name))
+
+
 def translate_text_lambda(node: ast.Lambda, name: str = "lr_lambda") -> Translated:
-    """A --scheduler text's `lambda step: ...` -> Translated (fn: the same tree evaluated by
-    `evaluate`, for torch's LambdaLR in the proof)."""
-    params = [a.arg for a in node.args.args]
-    if len(params) != 1:
+    """A --scheduler text's `lambda step: ...` -> Translated (fn: a TextLambda, for torch's LambdaLR
+    in the proof)."""
+    if len(node.args.args) != 1 or node.args.vararg or node.args.kwonlyargs:
         _refuse("a text's lambda takes the step count alone")
-    source = _write(name, node, params[0], {}, f"lambda {params[0]}: {ast.unparse(node.body)}, in JAX.")
-    return Translated(functools.partial(evaluate, node.body, params[0]), name, source, _compile(source, name))
+    return TextLambda(node).translate(name)
 
 
 def _compile(source: str, name: str):

@@ -84,7 +84,7 @@ def _lr_link(s, group: int, lambdas: dict) -> Link:
         found = next((n for n, t in lambdas.items() if t.fn is fn), None)
         if found is None:
             found = "lr_lambda" if not lambdas else f"lr_lambda{len(lambdas) + 1}"
-            lambdas[found] = translate_lambda(fn, found)
+            lambdas[found] = fn.translate(found) if hasattr(fn, "translate") else translate_lambda(fn, found)
         return Link("lambda_lr", (("base_lr", base), ("lr_lambda", Expr(found))))
     if name == "SequentialLR":
         inner = [_lr_link(c, group, lambdas) for c in s._schedulers]

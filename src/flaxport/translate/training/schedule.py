@@ -44,13 +44,16 @@ class SchedulerText:
             raise TrainStepError(f"--scheduler {self.text!r}: torch refuses it: {str(e).splitlines()[0]}") from None
 
 
-def parse_scheduler(text: str) -> SchedulerText:
+def parse_scheduler(text: str, optimizer=("SGD", {"lr": 0.1, "momentum": 0.9})) -> SchedulerText:
     """'torch.optim.lr_scheduler.StepLR(step_size=10)' -> SchedulerText, checked: torch accepts it
-    on an optimizer and its schedule translates (else one line, TrainStepError)."""
+    on `optimizer` ((class name, kwargs)) and its schedule translates (else one line, TrainStepError)."""
+    from flaxport.translate.training.optimizer import make_torch_optimizer
+
     spec = _read(text, text)
     import torch
 
-    probe = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
+    name, kwargs = optimizer
+    probe = make_torch_optimizer(name, kwargs, [torch.nn.Parameter(torch.zeros(2, 2))])
     links(spec.make(probe), text)
     return spec
 

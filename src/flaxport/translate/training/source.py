@@ -13,15 +13,14 @@ STEP = '''
 def make_train_step(model, optimizer=None):
     """The model's jitted train step -> (train_step, state, write_back).
 
-    train_step(state, {inputs}{targets}) -> (state, loss): a train-mode forward, the loss,
-    its gradients and one optimizer step. `state` is (params, rest, opt_state) with the
-    arrays as flat lists, which jit passes fastest; `rest` holds BatchNorm statistics and
-    the dropout rng. The step donates `state`: keep only the one it returns.
-    write_back(state) puts the params and statistics into `model`.
+    train_step(state, {inputs}{targets}) -> (state, loss): {what}
+    `state` is (params, rest, opt_state) with the arrays as flat lists, which jit passes
+    fastest; `rest` holds BatchNorm statistics and the dropout rng. The step donates `state`:
+    keep only the one it returns. write_back(state) puts the params and statistics into `model`.
     """
-    optimizer = optimizer or make_optimizer()
     model.train()
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...){paths}
+    optimizer = optimizer or make_optimizer({optimizer_args})
     # copies: the step donates its state, and the model keeps its own arrays
     param_leaves, param_tree = jax.tree.flatten(jax.tree.map(lambda a: a.copy(), params))
     rest_leaves, rest_tree = jax.tree.flatten(jax.tree.map(lambda a: a.copy(), rest))
@@ -29,13 +28,13 @@ def make_train_step(model, optimizer=None):
     def loss_of(param_leaves, rest_leaves, {inputs}{targets}):
         model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves),
                           jax.tree.unflatten(rest_tree, rest_leaves))
-        loss = loss_fn(model({inputs}){targets})
+        loss = loss_fn(model({inputs}){targets}){scale}
         return loss, jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param)))
 
     @functools.partial(jax.jit, donate_argnums=0)
     def train_step(state, {inputs}{targets}):
         params, rest, opt_state = state
-        (loss, rest), grads = jax.value_and_grad(loss_of, has_aux=True)(params, rest, {inputs}{targets})
+{gradients}
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), rest, opt_state), loss
 
@@ -46,6 +45,19 @@ def make_train_step(model, optimizer=None):
 
     return train_step, (param_leaves, rest_leaves, optimizer.init(param_leaves)), write_back
 '''
+ONE = '''        (loss, rest), grads = jax.value_and_grad(loss_of, has_aux=True)(params, rest, {inputs}{targets})'''
+ACCUMULATED = '''
+        def micro_batch(carry, batch):
+            rest, grads = carry
+            (loss, rest), micro_grads = jax.value_and_grad(loss_of, has_aux=True)(params, rest, *batch)
+            return (rest, jax.tree.map(jnp.add, grads, micro_grads)), loss
+
+        # torch's loop: ACCUMULATE forwards and backwards of loss / ACCUMULATE (BatchNorm statistics
+        # updated by each), the gradients summed, then one optimizer step
+        batches = jax.tree.map(lambda a: a.reshape((ACCUMULATE, -1) + a.shape[1:]), {batch})
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (rest, grads), losses = jax.lax.scan(micro_batch, (rest, zeros), batches)
+        loss = jnp.sum(losses)'''
 
 
 def loss_function_name(jax_loss_source: str) -> str | None:
@@ -79,20 +91,43 @@ def optimizer_function(body: str, doc: str) -> str:
     return f"def make_optimizer():\n    \"\"\"{doc}\"\"\"\n" + "\n".join("    " + line for line in body.splitlines())
 
 
+def step_code(input_names, loss: Loss, accumulate: int = 1, param_groups: bool = False,
+              scheduler: bool = False) -> str:
+    """make_train_step's source (and ACCUMULATE's line, when it accumulates)."""
+    inputs = ", ".join(input_names or ["x"])
+    targets = ", targets" if loss.has_targets else ""
+    what = ("a train-mode forward, the loss, its gradients and one optimizer step." if accumulate == 1 else
+            "the batch split into ACCUMULATE micro-batches, a train-mode\n    forward and the gradients of "
+            "loss / ACCUMULATE for each, summed, then one optimizer\n    step; the loss returned is their sum.")
+    paths = ("\n    # each parameter's NNX path, in the order of the leaves below\n"
+             '    param_paths = ["/".join(map(str, path)) for path, _ in nnx.to_flat_state(params)]'
+             if param_groups else "")
+    code = STEP.replace("{gradients}", ONE if accumulate == 1 else ACCUMULATED)
+    code = code.replace("{what}", what).replace("{paths}", paths)
+    code = code.replace("{optimizer_args}", "param_paths" if param_groups else "")
+    code = code.replace("{scale}", " / ACCUMULATE" if accumulate > 1 else "")
+    arrays = (input_names or ["x"]) + (["targets"] if loss.has_targets else [])
+    code = code.replace("{batch}", f"({arrays[0]},)" if len(arrays) == 1 else f"({', '.join(arrays)})")
+    code = code.replace("{inputs}", inputs).replace("{targets}", targets).strip()
+    if accumulate > 1:
+        code = (f"ACCUMULATE = {accumulate}  # micro-batches per optimizer step, as the torch loop accumulates them"
+                "\n\n\n" + code)
+    return code
+
+
 def train_step_source(input_names, loss: Loss, loss_source: str, loss_name: str, optimizer_code: str, extra: list,
-                      header: str, tuple_output: bool = False) -> str:
+                      header: str, tuple_output: bool = False, accumulate: int = 1, param_groups: bool = False,
+                      scheduler: bool = False) -> str:
     """train_step.py's text: imports, the loss, make_optimizer, make_train_step."""
     from flaxport.translate import emit
 
-    inputs = ", ".join(input_names or ["x"])
     loss_code = emit._strip_runtime_imports(loss_source).strip()
     # the loss's own imports are re-collected below with everything else
     loss_code = "\n".join(line for line in loss_code.splitlines() if not line.startswith(("import ", "from ")))
     parts = [loss_code.strip(), loss_adapter(loss, loss_name, tuple_output)]
     parts += [e.strip() for e in extra]
     parts.append(optimizer_code)
-    targets = ", targets" if loss.has_targets else ""
-    parts.append(STEP.replace("{inputs}", inputs).replace("{targets}", targets).strip())
+    parts.append(step_code(input_names, loss, accumulate, param_groups, scheduler))
     code = "\n\n\n".join(parts) + "\n"
     imports = [line for line in emit._imports(code) if line]
     third = [line for line in imports if not line.startswith(("import functools", "import json", "import math",
