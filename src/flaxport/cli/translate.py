@@ -68,6 +68,9 @@ def add_parser(sub):
     p.add_argument("--accumulate", type=int, default=1, metavar="N",
                    help="micro-batches per optimizer step: loss / N, backward N times, then one step (the --input "
                         "batch must split into N)")
+    p.add_argument("--precision", default="float32", choices=("float32", "bf16"),
+                   help="bf16: train_step.py also runs the forward under torch.autocast's bfloat16 policy "
+                        "(make_train_step(..., precision='bf16')), checked against torch under autocast")
     p.add_argument("--proof-steps", type=int, default=5, metavar="N",
                    help="train steps the proof of train_step.py takes in both frameworks (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example inputs")
@@ -117,7 +120,7 @@ def run(args) -> int:
     if optimizer is not None:
         from flaxport.translate.train_step import write_train_step
 
-        write_train_step(t, module, optimizer, loss, steps=args.proof_steps, **training)
+        write_train_step(t, module, optimizer, loss, steps=args.proof_steps, precision=args.precision, **training)
     t.save(out)
     print(t.summary())
     if t.train_step is not None:

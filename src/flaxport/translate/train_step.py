@@ -50,16 +50,18 @@ class TrainStep:
     optimizer: str
     loss: str
     steps: int = STEPS
+    bf16: object = None  # training.bf16.BF16Check, for precision="bf16"
 
     @property
     def ok(self) -> bool:
-        return self.report.ok and all(ok for *_, ok in self.rows)
+        return self.report.ok and all(ok for *_, ok in self.rows) and (self.bf16 is None or self.bf16.ok)
 
     def headline(self) -> str:
         worst = max((r[2] for r in self.rows), default=0.0)
         verdict = "OK" if self.ok else "FAILED"
         return (f"train step ({self.steps} steps, {self.optimizer}, {self.loss}): {verdict}; check_step "
-                f"{'ok' if self.report.ok else 'FAILED'}, train_step.py in float64 within {worst:.2g} of torch")
+                f"{'ok' if self.report.ok else 'FAILED'}, train_step.py in float64 within {worst:.2g} of torch"
+                + (f"; {self.bf16.line()}" if self.bf16 is not None else ""))
 
     def markdown(self) -> str:
         n = self.steps
@@ -77,13 +79,22 @@ class TrainStep:
         text = str(self.report).splitlines()
         footer = next((i for i, line in enumerate(text) if line.startswith("loss: ")), len(text))
         lines += text[:2] + [line for line in text[2:footer] if "FAIL" in line] + text[footer:] + ["```"]
+        if self.bf16 is not None:
+            from flaxport.translate.training.bf16 import FLOOR, GAP_FACTOR
+
+            lines += ["", f"**{self.bf16.line()}**", "",
+                      "train_step.py's `make_train_step(model, precision=\"bf16\")` against the same torch loop under "
+                      "`torch.autocast(\"cpu\", dtype=torch.bfloat16)`; two correct bfloat16 runs round in different "
+                      "places, so the scale is how far torch's own float32 loop is from that run: a check passes within "
+                      f"{GAP_FACTOR:g} times that (plus {FLOOR:g})."]
         return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- writing it
 def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True, steps: int = STEPS, *,
                      scheduler=None, scheduler_every: int = 1, clip_grad_norm: float | None = None,
-                     norm_type: float = 2.0, clip_grad_value: float | None = None, accumulate: int = 1) -> TrainStep:
+                     norm_type: float = 2.0, clip_grad_value: float | None = None, accumulate: int = 1,
+                     precision: str = "float32") -> TrainStep:
     """Generate train_step.py for translation `t` of `module`, prove it, set `t.train_step`
     (so `t.save(directory)` writes it) and return it.
 
@@ -93,7 +104,9 @@ def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True,
     or its text. scheduler: a torch LR scheduler on that optimizer, or a text such as
     "torch.optim.lr_scheduler.OneCycleLR(max_lr=0.1, total_steps=1000)"; scheduler_every:
     optimizer steps per scheduler.step(). clip_grad_norm / norm_type / clip_grad_value: torch's
-    clipping before each step; accumulate: micro-batches per step. batch: (inputs, targets)
+    clipping before each step; accumulate: micro-batches per step. precision: "bf16" also writes
+    torch.autocast's bfloat16 policy (make_train_step(..., precision="bf16"), the default then)
+    and checks it against torch under autocast (TrainStep.bf16). batch: (inputs, targets)
     in torch's layout; by default the translation's example inputs and targets drawn for the
     loss (the batch must split into `accumulate` equal micro-batches).
     """
@@ -146,10 +159,16 @@ def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True,
               f"        state, loss = train_step(state, inputs{targets_arg})\n"
               "    write_back(state)\n")
     input_names = list(next(iter(t.plan.captures.values())).input_names)
+    if precision not in ("float32", "bf16"):
+        raise TrainStepError(f"--precision {precision!r}: float32 or bf16")
     source = train_step_source(input_names, loss, jax_loss.source, loss_name, optimizer_code, extra, header,
-                               tuple_output, plan.accumulate, len(plan.optimizer.groups) > 1)
+                               tuple_output, plan.accumulate, len(plan.optimizer.groups) > 1, precision)
     step = TrainStep(source, None, [], plan.describe(), f"F.{loss.name}", steps)
     if check:
         step.report, step.rows = proof.prove(t, module, plan, source, inputs, targets, steps)
+        if precision == "bf16":
+            from flaxport.translate.training.bf16 import check_bf16
+
+            step.bf16 = check_bf16(t, module, plan, source, inputs, targets, steps)
     t.train_step = step
     return step

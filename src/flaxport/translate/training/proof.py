@@ -3,6 +3,7 @@ run in float64 beside torch's optimizer and loss in `.double()`, step after step
 from __future__ import annotations
 
 import contextlib
+import inspect
 import copy
 import math
 import warnings
@@ -68,7 +69,9 @@ def prove(t, module, training, source, inputs, targets, steps: int):
         y64 = _float64(targets)
         model = t.new_model(dtype=np.float64)
         kwargs = {"scheduler_every": loop.scheduler_every} if sched is not None else {}
-        train_step, state, write_back = ns["make_train_step"](model, _optimizer(ns, model, kwargs))
+        precision = {"precision": "float32"} if "precision" in inspect.signature(ns["make_train_step"]).parameters \
+            else {}  # the float64 proof is of the model's own numerics; training/bf16.py checks bfloat16
+        train_step, state, write_back = ns["make_train_step"](model, _optimizer(ns, model, kwargs), **precision)
         xs_j = [jax.numpy.asarray(x.numpy()) for x in xs64]
         ys_j = [jax.numpy.asarray(y64.numpy())] if loss.has_targets else []
         micro = loop.accumulate
@@ -112,8 +115,6 @@ def prove(t, module, training, source, inputs, targets, steps: int):
 
 def _optimizer(ns, model, kwargs):
     """make_optimizer(...) as make_train_step calls it, with the proof's scheduler_every."""
-    import inspect
-
     from flax import nnx
 
     if "param_paths" in inspect.signature(ns["make_optimizer"]).parameters:

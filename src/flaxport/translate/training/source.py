@@ -10,13 +10,15 @@ import ast
 from flaxport.translate.training.losses import TENSOR_OPTIONS, Loss
 
 STEP = '''
-def make_train_step(model, optimizer=None):
+def make_train_step(model, optimizer=None, mesh=None{precision_arg}):
     """The model's jitted train step -> (train_step, state, write_back).
 
     train_step(state, {inputs}{targets}) -> (state, loss): {what}
     `state` is (params, rest, opt_state) with the arrays as flat lists, which jit passes
     fastest; `rest` holds BatchNorm statistics and the dropout rng. The step donates `state`:
     keep only the one it returns. write_back(state) puts the params and statistics into `model`.
+    mesh: a jax.sharding.Mesh with a `data` and/or an `fsdp` axis (see shardings()), or None
+    for the devices JAX places arrays on by itself (one device).{precision_doc}
     """
     model.train()
     graphdef, params, rest = nnx.split(model, nnx.Param, ...){paths}
@@ -24,26 +26,76 @@ def make_train_step(model, optimizer=None):
     # copies: the step donates its state, and the model keeps its own arrays
     param_leaves, param_tree = jax.tree.flatten(jax.tree.map(lambda a: a.copy(), params))
     rest_leaves, rest_tree = jax.tree.flatten(jax.tree.map(lambda a: a.copy(), rest))
-
-    def loss_of(param_leaves, rest_leaves, {inputs}{targets}):
-        model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves),
-                          jax.tree.unflatten(rest_tree, rest_leaves))
-        loss = loss_fn(model({inputs}){targets}){scale}
-        return loss, jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param)))
-
-    @functools.partial(jax.jit, donate_argnums=0)
-    def train_step(state, {inputs}{targets}):
+{forward}
+    def step(state, {inputs}{targets}):
         params, rest, opt_state = state
 {gradients}
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), rest, opt_state), loss
 
+    state = (param_leaves, rest_leaves, optimizer.init(param_leaves))
+    if mesh is None:
+        train_step = jax.jit(step, donate_argnums=0)
+    else:
+        state_sharding, batch_sharding = shardings(mesh, state)
+        state = jax.device_put(state, state_sharding)
+        train_step = jax.jit(step, donate_argnums=0, in_shardings=(state_sharding,{batch_shardings}),
+                             out_shardings=(state_sharding, NamedSharding(mesh, P())))
+
     def write_back(state):
-        # copies: the next step donates the state's own arrays
-        params, rest = jax.tree.map(lambda a: a.copy(), (state[0], state[1]))
+        # copies on this host: the next step donates the state's own arrays
+        params, rest = jax.tree.map(lambda a: jnp.array(jax.device_get(a)), (state[0], state[1]))
         nnx.update(model, jax.tree.unflatten(param_tree, params), jax.tree.unflatten(rest_tree, rest))
 
-    return train_step, (param_leaves, rest_leaves, optimizer.init(param_leaves)), write_back
+    return train_step, state, write_back
+'''
+FORWARD = '''
+    def loss_of(param_leaves, rest_leaves, {inputs}{targets}):
+        model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves),
+                          jax.tree.unflatten(rest_tree, rest_leaves))
+        loss = loss_fn(model({inputs}){targets}){scale}
+        return loss, jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param)))
+'''
+FORWARD_AUTOCAST = '''
+    def forward(param_leaves, rest_leaves, {inputs}):
+        model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves),
+                          jax.tree.unflatten(rest_tree, rest_leaves))
+        return model({inputs}), jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param)))
+
+    def loss_of(param_leaves, rest_leaves, {inputs}{targets}):
+        run = autocast(forward) if precision == "bf16" else forward
+        outputs, new_rest = run(param_leaves, rest_leaves, {inputs})
+        # torch.autocast computes losses in float32; the statistics keep their dtypes
+        outputs = jax.tree.map(lambda o: o.astype(jnp.float32) if o.dtype == jnp.bfloat16 else o, outputs)
+        new_rest = [new.astype(old.dtype) for new, old in zip(new_rest, rest_leaves)]
+        return loss_fn(outputs{targets}){scale}, new_rest
+'''
+SHARDINGS = '''
+def shardings(mesh, state):
+    """(state's shardings, the batch's) on `mesh`: data parallel over its `data` axis and fully
+    sharded (FSDP) over its `fsdp` axis, as torch's DistributedDataParallel and FSDP split them.
+
+    The batch is split along its first axis over every mesh axis. Parameters and each
+    optimizer array shaped like one are split over `fsdp` along their largest dimension
+    that divides evenly (replicated when none does, or without an `fsdp` axis); BatchNorm
+    statistics, step counts and the dropout rng are replicated. XLA inserts the
+    all-reduces: the gradients and the BatchNorm statistics are those of the global batch.
+    """
+    fsdp = mesh.shape.get("fsdp", 1)
+
+    def split(leaf):
+        shape = getattr(leaf, "shape", ())
+        spec = [None] * len(shape)
+        dims = [d for d in sorted(range(len(shape)), key=lambda d: -shape[d]) if shape[d] % fsdp == 0]
+        if fsdp > 1 and dims and shape[dims[0]] >= fsdp:
+            spec[dims[0]] = "fsdp"
+        return NamedSharding(mesh, P(*spec))
+
+    params, rest, opt_state = state
+    replicated = NamedSharding(mesh, P())
+    state_sharding = (jax.tree.map(split, params), jax.tree.map(lambda _: replicated, rest),
+                      jax.tree.map(split, opt_state))
+    return state_sharding, NamedSharding(mesh, P(mesh.axis_names))
 '''
 ONE = '''        (loss, rest), grads = jax.value_and_grad(loss_of, has_aux=True)(params, rest, {inputs}{targets})'''
 ACCUMULATED = '''
@@ -92,7 +144,7 @@ def optimizer_function(body: str, doc: str) -> str:
 
 
 def step_code(input_names, loss: Loss, accumulate: int = 1, param_groups: bool = False,
-              scheduler: bool = False) -> str:
+              precision: str = "float32") -> str:
     """make_train_step's source (and ACCUMULATE's line, when it accumulates)."""
     inputs = ", ".join(input_names or ["x"])
     targets = ", targets" if loss.has_targets else ""
@@ -102,7 +154,13 @@ def step_code(input_names, loss: Loss, accumulate: int = 1, param_groups: bool =
     paths = ("\n    # each parameter's NNX path, in the order of the leaves below\n"
              '    param_paths = ["/".join(map(str, path)) for path, _ in nnx.to_flat_state(params)]'
              if param_groups else "")
-    code = STEP.replace("{gradients}", ONE if accumulate == 1 else ACCUMULATED)
+    code = STEP.replace("{forward}", FORWARD_AUTOCAST if precision == "bf16" else FORWARD)
+    code = code.replace("{gradients}", ONE if accumulate == 1 else ACCUMULATED)
+    code = code.replace("{precision_arg}", ', precision="bf16"' if precision == "bf16" else "")
+    code = code.replace("{precision_doc}", "\n    precision: 'bf16' runs the forward under torch.autocast's bfloat16 policy "
+                        "(autocast()),\n    'float32' as the model is." if precision == "bf16" else "")
+    arrays = len(input_names or ["x"]) + (1 if loss.has_targets else 0)
+    code = code.replace("{batch_shardings}", " batch_sharding," * arrays)
     code = code.replace("{what}", what).replace("{paths}", paths)
     code = code.replace("{optimizer_args}", "param_paths" if param_groups else "")
     code = code.replace("{scale}", " / ACCUMULATE" if accumulate > 1 else "")
@@ -117,7 +175,7 @@ def step_code(input_names, loss: Loss, accumulate: int = 1, param_groups: bool =
 
 def train_step_source(input_names, loss: Loss, loss_source: str, loss_name: str, optimizer_code: str, extra: list,
                       header: str, tuple_output: bool = False, accumulate: int = 1, param_groups: bool = False,
-                      scheduler: bool = False) -> str:
+                      precision: str = "float32") -> str:
     """train_step.py's text: imports, the loss, make_optimizer, make_train_step."""
     from flaxport.translate import emit
 
@@ -127,7 +185,10 @@ def train_step_source(input_names, loss: Loss, loss_source: str, loss_name: str,
     parts = [loss_code.strip(), loss_adapter(loss, loss_name, tuple_output)]
     parts += [e.strip() for e in extra]
     parts.append(optimizer_code)
-    parts.append(step_code(input_names, loss, accumulate, param_groups, scheduler))
+    if precision == "bf16":
+        parts.append(autocast_source())
+    parts.append(SHARDINGS.strip())
+    parts.append(step_code(input_names, loss, accumulate, param_groups, precision))
     code = "\n\n\n".join(parts) + "\n"
     imports = [line for line in emit._imports(code) if line]
     third = [line for line in imports if not line.startswith(("import functools", "import json", "import math",
@@ -136,6 +197,20 @@ def train_step_source(input_names, loss: Loss, loss_source: str, loss_name: str,
     if "NamedTuple" in code:
         std.append("from typing import NamedTuple")
     third.insert(next((i for i, line in enumerate(third) if line.startswith("from ")), len(third)), "import optax")
+    third.append("from jax.sharding import NamedSharding, PartitionSpec as P")
+    if precision == "bf16":
+        third.append("from jax.extend import core as jcore")
     head = "\n".join(dict.fromkeys(std)) + "\n\n" + "\n".join(dict.fromkeys(third))
     text = f'"""{header}"""\n' + head + "\n\n\n" + code
     return emit.format_source(text)
+
+
+def autocast_source() -> str:
+    """port/autocast.py's policy, as train_step.py carries it (the module's constants and functions)."""
+    import inspect
+
+    from flaxport.port import autocast
+
+    source = inspect.getsource(autocast)
+    body = source[source.index("MATMULS = "):]
+    return body.strip()
