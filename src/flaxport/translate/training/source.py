@@ -33,19 +33,24 @@ def make_train_step(model, optimizer=None, mesh=None{precision_arg}):
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), rest, opt_state), loss
 
+    def write_back(state):
+        # copies on this host (gathered from every process): the next step donates the state's arrays
+        params, rest = jax.tree.map(lambda a: jnp.array(multihost_utils.process_allgather(a, tiled=True)),
+                                    (state[0], state[1]))
+        nnx.update(model, jax.tree.unflatten(param_tree, params), jax.tree.unflatten(rest_tree, rest))
+
     state = (param_leaves, rest_leaves, optimizer.init(param_leaves))
     if mesh is None:
-        train_step = jax.jit(step, donate_argnums=0)
-    else:
-        state_sharding, batch_sharding = shardings(mesh, state)
-        state = jax.device_put(state, state_sharding)
-        train_step = jax.jit(step, donate_argnums=0, in_shardings=(state_sharding,{batch_shardings}),
-                             out_shardings=(state_sharding, NamedSharding(mesh, P())))
+        return jax.jit(step, donate_argnums=0), state, write_back
+    state_sharding, batch_sharding = shardings(mesh, state)
+    state = jax.tree.map(lambda a, s: jax.make_array_from_callback(a.shape, s, lambda index: a[index]),
+                         state, state_sharding)
+    sharded_step = jax.jit(step, donate_argnums=0, out_shardings=(state_sharding, NamedSharding(mesh, P())))
 
-    def write_back(state):
-        # copies on this host: the next step donates the state's own arrays
-        params, rest = jax.tree.map(lambda a: jnp.array(jax.device_get(a)), (state[0], state[1]))
-        nnx.update(model, jax.tree.unflatten(param_tree, params), jax.tree.unflatten(rest_tree, rest))
+    def train_step(state, *batch):
+        # each process passes its own rows of the global batch (all of them when it is the only one)
+        batch = [jax.make_array_from_process_local_data(batch_sharding, np.asarray(b)) for b in batch]
+        return sharded_step(state, *batch)
 
     return train_step, state, write_back
 '''
@@ -159,8 +164,7 @@ def step_code(input_names, loss: Loss, accumulate: int = 1, param_groups: bool =
     code = code.replace("{precision_arg}", ', precision="bf16"' if precision == "bf16" else "")
     code = code.replace("{precision_doc}", "\n    precision: 'bf16' runs the forward under torch.autocast's bfloat16 policy "
                         "(autocast()),\n    'float32' as the model is." if precision == "bf16" else "")
-    arrays = len(input_names or ["x"]) + (1 if loss.has_targets else 0)
-    code = code.replace("{batch_shardings}", " batch_sharding," * arrays)
+
     code = code.replace("{what}", what).replace("{paths}", paths)
     code = code.replace("{optimizer_args}", "param_paths" if param_groups else "")
     code = code.replace("{scale}", " / ACCUMULATE" if accumulate > 1 else "")
@@ -197,7 +201,10 @@ def train_step_source(input_names, loss: Loss, loss_source: str, loss_name: str,
     if "NamedTuple" in code:
         std.append("from typing import NamedTuple")
     third.insert(next((i for i, line in enumerate(third) if line.startswith("from ")), len(third)), "import optax")
+    third.append("from jax.experimental import multihost_utils")
     third.append("from jax.sharding import NamedSharding, PartitionSpec as P")
+    if "import numpy as np" not in third:
+        third.insert(third.index("import optax"), "import numpy as np")
     if precision == "bf16":
         third.append("from jax.extend import core as jcore")
     head = "\n".join(dict.fromkeys(std)) + "\n\n" + "\n".join(dict.fromkeys(third))
