@@ -163,7 +163,8 @@ def test_train_step_is_proven_and_runs_without_flaxport_or_torch(tmp_path, capsy
     stdout = capsys.readouterr().out
     assert code == 0, stdout
     assert "train step (5 steps, torch.optim.AdamW(lr=0.01, weight_decay=0.01), F.cross_entropy): OK" in stdout
-    assert {p.name for p in out.iterdir()} == {"model.py", "weights.safetensors", "train_step.py", "parity.md"}
+    assert {p.name for p in out.iterdir()} == {"model.py", "weights.safetensors", "train_step.py", "train.py",
+                                               "parity.md"}
     md = (out / "parity.md").read_text()
     assert "## Train step (train_step.py)" in md and "| 5 | `bn.running_var` |" in md
     source = (out / "train_step.py").read_text()

@@ -125,7 +125,7 @@ def run(args) -> int:
     print(t.summary())
     if t.train_step is not None:
         print(t.train_step.headline())
-    written = ["model.py", "weights.safetensors"] + (["train_step.py"] if t.train_step is not None else [])
+    written = ["model.py", "weights.safetensors"] + (list(t.train_step.files) if t.train_step is not None else [])
     print(f"wrote {', '.join(str(out / n) for n in written + ['parity.md'])}")
     if t.train_step is not None and not t.train_step.ok:
         print(f"flaxport: the train step differs from torch's; see {out / 'parity.md'}", file=sys.stderr)

@@ -51,6 +51,12 @@ class TrainStep:
     loss: str
     steps: int = STEPS
     bf16: object = None  # training.bf16.BF16Check, for precision="bf16"
+    script: str = ""  # train.py
+
+    @property
+    def files(self) -> dict:
+        """{file name: text} that Translation.save writes beside model.py."""
+        return {"train_step.py": self.source, **({"train.py": self.script} if self.script else {})}
 
     @property
     def ok(self) -> bool:
@@ -161,9 +167,19 @@ def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True,
     input_names = list(next(iter(t.plan.captures.values())).input_names)
     if precision not in ("float32", "bf16"):
         raise TrainStepError(f"--precision {precision!r}: float32 or bf16")
+    order = [n for names in plan.optimizer.members for n in names] if plan.optimizer.members else \
+        [n for n, _ in module.named_parameters()]
+    extra.append("# torch's optimizer numbers the parameters in this order (the keys of its state_dict()['state'])\n"
+                 f"OPTIMIZER_PARAMETERS = {tuple(order)!r}")
     source = train_step_source(input_names, loss, jax_loss.source, loss_name, optimizer_code, extra, header,
                                tuple_output, plan.accumulate, len(plan.optimizer.groups) > 1, precision)
-    step = TrainStep(source, None, [], plan.describe(), f"F.{loss.name}", steps)
+    from flaxport.port.optimizers.chains import MOMENTS, SCALARS
+    from flaxport.translate.training.script import train_script_source
+
+    key = plan.optimizer.name.lower()
+    script = train_script_source(t.root_class, plan.optimizer.name, MOMENTS[key], SCALARS.get(key, {}), input_names,
+                                 loss.has_targets, precision == "bf16")
+    step = TrainStep(source, None, [], plan.describe(), f"F.{loss.name}", steps, script=script)
     if check:
         step.report, step.rows = proof.prove(t, module, plan, source, inputs, targets, steps)
         if precision == "bf16":
