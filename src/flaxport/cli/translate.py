@@ -13,9 +13,12 @@ nn.Embedding's size, else below 2), also float64, int32, bool.
 Writes DIR/model.py (imports only jax, flax, numpy and the standard library; `load(DIR)`;
 with --conv native also flaxport's CPU convolution kernels, where flaxport is installed),
 DIR/weights.safetensors (torch's state_dict names) and DIR/parity.md, and prints a summary.
-With --optimizer and --loss (texts read with `ast`, never run: a torch.optim class or a
-torch loss from a short list, literal keyword arguments) it also writes DIR/train_step.py,
-the jitted train step with the optimizer as optax, proven against torch for 3 steps.
+With --optimizer and --loss (texts read with `ast`, never run: a torch.optim class and a
+torch.nn loss, literal keyword arguments) it also writes DIR/train_step.py, the jitted train
+step with the optimizer as optax (and --scheduler, --clip-grad-norm/--clip-grad-value,
+--accumulate, --precision bf16 as the torch loop has them), and DIR/train.py, a training
+program for it (the user's loader, a mesh of devices, checkpoints, continuing a torch run);
+the step is proven against torch for --proof-steps steps (docs/translate.md).
 Exit 0 when the float64 check passes, 1 when it does not (the files are written, and the
 first submodule that differs is named), 2 for bad input (an unknown factory, a bad --input,
 weights that do not fit, ops with no translation: one line each).
@@ -47,12 +50,12 @@ def add_parser(sub):
                         "CPU kernels can on them where flaxport is installed (docs/translate.md)")
     p.add_argument("--train", action="store_true", help="the model starts in train mode (torch's module.train())")
     p.add_argument("--optimizer", default=None, metavar="TEXT",
-                   help='also write train_step.py with this torch optimizer as optax, e.g. '
-                        '"torch.optim.AdamW(lr=1e-3, weight_decay=0.01)" (SGD, Adam, AdamW, RMSprop, Adagrad; '
-                        'literal keyword arguments; needs --loss)')
+                   help='also write train_step.py (with this torch optimizer as optax) and train.py, e.g. '
+                        '"torch.optim.AdamW(lr=1e-3, weight_decay=0.01)" (any torch.optim class but LBFGS and '
+                        'SparseAdam; literal keyword arguments; needs --loss)')
     p.add_argument("--loss", default=None, metavar="TEXT",
-                   help='the loss of train_step.py, e.g. "torch.nn.functional.cross_entropy" or '
-                        '"nn.MSELoss(reduction=\'sum\')"')
+                   help='the loss of train_step.py, a torch.nn loss function or module, e.g. '
+                        '"torch.nn.functional.cross_entropy" or "nn.MSELoss(reduction=\'sum\')"')
     p.add_argument("--scheduler", default=None, metavar="TEXT",
                    help='the LR scheduler of train_step.py, e.g. "torch.optim.lr_scheduler.OneCycleLR(max_lr=0.1, '
                         'total_steps=1000)" (literal keyword arguments; the optimizer is --optimizer\'s)')

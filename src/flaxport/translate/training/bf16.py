@@ -60,7 +60,7 @@ def _torch_run(training, module, x, y, steps, autocast: bool):
             out = tuple(o.float() for o in out) if isinstance(out, (tuple, list)) else out.float()
             part = loss.torch_call(out, ys, torch.float32) / loop.accumulate  # torch's losses: float32
             part.backward()
-            total += float(part)
+            total += float(part.detach())
         loop.clip_torch(tm.parameters())
         opt.step()
         if sched is not None and s % loop.scheduler_every == 0:
