@@ -193,3 +193,18 @@ def test_composite_losses_export_keeps_whole_are_decomposed_by_torchs_table():
                                                                       targets)):
         translated = translate_function(fn, x, y)
         assert translated.report.ok and "unsupported" not in translated.source, translated.report
+
+
+def test_a_decomposition_that_does_not_translate_is_undone():
+    """linalg_det decomposes into _linalg_det, which has no translation either: the refusal names
+    the op the user wrote, while hinge_embedding_loss beside it is decomposed and translates."""
+    from flaxport.translate import UnsupportedOpsError, translate_function
+
+    def loss(x, sign):
+        return torch.nn.functional.hinge_embedding_loss(x, sign) + torch.linalg.det(x[:, :4, :4]).sum()
+
+    x = torch.randn(2, 4, 5)
+    with pytest.raises(UnsupportedOpsError) as e:
+        translate_function(loss, x, torch.sign(x))
+    assert "aten.linalg_det" in str(e.value) and "_linalg_det" not in str(e.value)
+    assert "hinge_embedding_loss" not in str(e.value)

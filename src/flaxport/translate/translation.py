@@ -56,10 +56,10 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
     from flaxport.translate.emit import calls_native_conv, module_source
     from flaxport.translate.plan import Plan
 
-    from flaxport.translate.decompose import decomposable
+    from flaxport.translate.decompose import decomposable, origins, problem_ops
 
     primary = "train" if module.training else "eval"
-    decompose = frozenset()
+    decompose, kept = frozenset(), frozenset()
     while True:
         captures, notes = {}, []
         for mode in (primary, "eval" if primary == "train" else "train"):
@@ -78,11 +78,17 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
             f64 = None
         plan = Plan(module, captures, f64, layout=layout)
         build_classes(plan)
-        # ops nothing translates: once more with torch's own decompositions of them, where it has some
-        more = decomposable(problem[0] for problem in plan.problems) - decompose
-        if not more:
+        # ops nothing translates: once more with torch's own decompositions of them, where it has some;
+        # a decomposition that leaves untranslatable ops is undone, so the user's op is the one named
+        left = problem_ops(problem[0] for problem in plan.problems)
+        undo = origins(list(captures.values()) + ([f64] if f64 is not None else []), left, decompose)
+        more = decomposable(problem[0] for problem in plan.problems) - decompose - kept
+        if undo:
+            decompose, kept = decompose - undo, kept | undo
+        elif more:
+            decompose |= more
+        else:
             break
-        decompose |= more
     if plan.problems:
         raise UnsupportedOpsError(plan.problems)
     header = _header(module, captures, plan.flat_weights, conv)
