@@ -219,3 +219,13 @@ write_back(state)
 print(json.dumps({"/".join(map(str, p)): np.asarray(v.get_value()).tolist() for p, v in nnx.to_flat_state(
     nnx.state(model)) if jnp.issubdtype(np.asarray(v.get_value()).dtype, jnp.floating)}))
 """
+
+
+@pytest.mark.slow
+def test_the_mesh_benchmark_runs():
+    """`python -m flaxport.bench.train_mesh`: the three variants timed (their figures are in benchmarks.md)."""
+    run = subprocess.run([sys.executable, "-m", "flaxport.bench.train_mesh", "--rounds", "1", "--calls", "1"],
+                         capture_output=True, text=True, timeout=600, check=True)
+    result = json.loads(run.stdout.splitlines()[-1])
+    assert set(result["step_ms"]) == {"no mesh", "mesh data=1", "mesh data=1,fsdp=1"}
+    assert all(ms > 0 for ms in result["step_ms"].values())

@@ -113,7 +113,7 @@ ACCUMULATED = '''
         # updated by each), the gradients summed, then one optimizer step
         batches = jax.tree.map(lambda a: a.reshape((ACCUMULATE, -1) + a.shape[1:]), {batch})
         zeros = jax.tree.map(jnp.zeros_like, params)
-        (rest, grads), losses = jax.lax.scan(micro_batch, (rest, zeros), batches)
+        (rest, grads), losses = lax.scan(micro_batch, (rest, zeros), batches)
         loss = jnp.sum(losses)'''
 
 
@@ -207,6 +207,8 @@ def train_step_source(input_names, loss: Loss, loss_source: str, loss_name: str,
         third.insert(third.index("import optax"), "import numpy as np")
     if precision == "bf16":
         third.append("from jax.extend import core as jcore")
+    third = [line for line in third if not line.startswith("from ")] + sorted(
+        line for line in dict.fromkeys(third) if line.startswith("from "))
     head = "\n".join(dict.fromkeys(std)) + "\n\n" + "\n".join(dict.fromkeys(third))
     text = f'"""{header}"""\n' + head + "\n\n\n" + code
     return emit.format_source(text)
