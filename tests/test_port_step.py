@@ -229,11 +229,10 @@ def test_what_cannot_be_carried_across_is_one_line():
         (UnsupportedLossError, r"the loss .*<lambda> cannot be captured: .*pass flax_loss_fn=",
          # a branch on a tensor's value: neither flaxport.translate nor the loss table carries it
          dict(loss_fn=lambda out, t: F.cross_entropy(out, t) if out.sum() > 0 else out.abs().mean(), opt=adam)),
-        (UnsupportedOptimizerError, r"optimizer 'nadam' is not translated .*closest optax optimizer is optax.nadam",
-         dict(loss_fn=F.cross_entropy, opt=torch.optim.NAdam(tm.parameters()))),
-        (UnsupportedSchedulerError, r"CosineAnnealingWarmRestarts is not translated .*optax.sgdr_schedule",
-         dict(loss_fn=F.cross_entropy, opt=adam,
-              scheduler=torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(adam, 5))),
+        (UnsupportedOptimizerError, r"LBFGS is not translated: LBFGS re-evaluates the loss .*optax.lbfgs",
+         dict(loss_fn=F.cross_entropy, opt=torch.optim.LBFGS(tm.parameters()))),
+        (UnsupportedSchedulerError, r"ReduceLROnPlateau is not translated: it lowers the rate when a metric",
+         dict(loss_fn=F.cross_entropy, opt=adam, scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(adam))),
     ]
     for error, message, kw in cases:
         with pytest.raises(error, match=message) as e:

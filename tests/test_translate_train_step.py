@@ -40,10 +40,20 @@ MODELS = textwrap.dedent('''
 
 @pytest.mark.parametrize("text", [
     "torch.optim.SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)",
+    "torch.optim.SGD(lr=0.1, momentum=0.9, dampening=0.2, maximize=True)",
     "torch.optim.Adam(lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1)",
+    "torch.optim.Adam(lr=1e-2, amsgrad=True)",
     "optim.AdamW(lr=1e-2)",
     "RMSprop(lr=1e-2, momentum=0.5, centered=True)",
     "torch.optim.Adagrad(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.2)",
+    "torch.optim.Adadelta(weight_decay=0.1)",
+    "torch.optim.Adamax()",
+    "torch.optim.NAdam(decoupled_weight_decay=True, weight_decay=0.1)",
+    "torch.optim.RAdam(weight_decay=0.1)",
+    "torch.optim.ASGD(t0=2)",
+    "torch.optim.Rprop()",
+    "torch.optim.Adafactor(weight_decay=0.01)",
+    "torch.optim.Muon()",
 ])
 def test_make_optimizer_takes_optax_from_torchs_steps(text):
     """The optimizer written as source is optax_from_torch's chain: 4 updates, same to the bit."""
@@ -63,6 +73,8 @@ def test_make_optimizer_takes_optax_from_torchs_steps(text):
     written, reference = ns["make_optimizer"](), optax_from_torch({"name": name.lower(), **kwargs})
     rng = np.random.default_rng(0)
     params = {"w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32), "b": jnp.zeros(4, jnp.float32)}
+    if name == "Muon":  # matrices only
+        params = {"w": params["w"], "v": jnp.asarray(rng.normal(size=(4, 2)), jnp.float32)}
     p1 = p2 = params
     s1, s2 = written.init(params), reference.init(params)
     for _ in range(4):
@@ -75,14 +87,21 @@ def test_make_optimizer_takes_optax_from_torchs_steps(text):
 
 
 @pytest.mark.parametrize("flag, text, says", [
-    ("--optimizer", "torch.optim.NAdam(lr=1e-3)", "NAdam is not translated"),
-    ("--optimizer", "torch.optim.Adam(lr=1e-3, amsgrad=True)", "amsgrad"),
+    ("--optimizer", "torch.optim.LBFGS(lr=1)", "LBFGS is not translated: LBFGS re-evaluates the loss through a "
+                                               "closure"),
+    ("--optimizer", "torch.optim.SparseAdam()", "SparseAdam is not translated: SparseAdam steps only on sparse"),
+    ("--optimizer", "torch.optim.Lion(lr=1e-3)", "Lion is not a torch.optim optimizer (translated: SGD, Adam"),
     ("--optimizer", "torch.optim.AdamW(lr=-1.0)", "Invalid learning rate"),
     ("--optimizer", "torch.optim.AdamW(lr=__import__('os').getpid())", "must be a literal"),
     ("--optimizer", "os.system('touch pwned')", "name a torch.optim class"),
     ("--optimizer", "torch.optim.AdamW(model.parameters(), lr=1e-3)", "keyword arguments only"),
     ("--optimizer", "torch.optim.AdamW(lr=", "not a Python expression"),
-    ("--loss", "torch.nn.functional.ctc_loss", "not one of the losses"),
+    ("--loss", "torch.nn.functional.ctc_loss", "ctc_loss is not written into train_step.py: torch.export cannot "
+                                               "capture aten._ctc_loss"),
+    ("--loss", "nn.GaussianNLLLoss()", "GaussianNLLLoss is not written into train_step.py: it checks"),
+    ("--loss", "nn.AdaptiveLogSoftmaxWithLoss()", "it holds weights of its own"),
+    ("--loss", "torch.nn.functional.focal_loss", "not one of the losses"),
+    ("--loss", "nn.CrossEntropyLoss(weight=(1.0, 'a'))", "weight= must be numbers"),
     ("--loss", "F.cross_entropy(smoothing=0.1)", "has no option 'smoothing'"),
     ("--loss", "(lambda o, t: o).__class__", "write a name"),
 ])
@@ -96,6 +115,33 @@ def test_bad_optimizer_or_loss_text_is_one_line_and_exit_2(tmp_path, capsys, fla
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and says in err, err
     assert not out.exists() and not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau()"], "ReduceLROnPlateau is not translated: it lowers"),
+    (["--scheduler", "StepLR(gamma=0.5)"], "torch refuses it: StepLR.__init__() missing 1 required positional"),
+    (["--scheduler", "LambdaLR(lr_lambda=lambda s: __import__('os').system('touch pwned'))"],
+     "lr_lambda is not translated: it calls `__import__('os').system`"),
+    (["--scheduler", "StepLR(step_size=get())"], "step_size= must be a literal"),
+    (["--scheduler", "os.system('x')"], "os.system is not a torch.optim.lr_scheduler class"),
+    (["--accumulate", "3"], "--accumulate 3: the example batch of 4 does not split into 3 equal micro-batches"),
+    (["--clip-grad-norm", "-1"], "--clip-grad-norm -1: clipping needs a positive bound"),
+    (["--scheduler-every", "0"], "--accumulate and --scheduler-every are at least 1"),
+])
+def test_bad_training_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, says):
+    models = tmp_path / "my_models.py"
+    models.write_text(MODELS)
+    out = tmp_path / "out"
+    code = main(["translate", f"{models}:net", "--input", "4,3,8,8", "--out", str(out), "--optimizer",
+                 "torch.optim.SGD(lr=0.1)", "--loss", "F.cross_entropy", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    assert not out.exists() and not (tmp_path / "pwned").exists()
+
+
+def test_training_flags_without_an_optimizer_are_one_line(tmp_path, capsys):
+    code = main(["translate", "x.py:net", "--input", "2,3", "--out", str(tmp_path / "o"), "--accumulate", "2"])
+    assert code == 2 and "need --optimizer and --loss" in capsys.readouterr().err
 
 
 def test_optimizer_without_loss_is_one_line(tmp_path, capsys):
@@ -116,10 +162,11 @@ def test_train_step_is_proven_and_runs_without_flaxport_or_torch(tmp_path, capsy
                  "--loss", "nn.CrossEntropyLoss(label_smoothing=0.1)"])
     stdout = capsys.readouterr().out
     assert code == 0, stdout
-    assert "train step (3 steps, torch.optim.AdamW(lr=0.01, weight_decay=0.01), F.cross_entropy): OK" in stdout
-    assert {p.name for p in out.iterdir()} == {"model.py", "weights.safetensors", "train_step.py", "parity.md"}
+    assert "train step (5 steps, torch.optim.AdamW(lr=0.01, weight_decay=0.01), F.cross_entropy): OK" in stdout
+    assert {p.name for p in out.iterdir()} == {"model.py", "weights.safetensors", "train_step.py", "train.py",
+                                               "parity.md"}
     md = (out / "parity.md").read_text()
-    assert "## Train step (train_step.py)" in md and "| 3 | `bn.running_var` |" in md
+    assert "## Train step (train_step.py)" in md and "| 5 | `bn.running_var` |" in md
     source = (out / "train_step.py").read_text()
     assert "optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=0.0)" in source
     assert "label_smoothing=0.1" in source and "import torch" not in source and "flaxport" not in source.split('"""')[2]

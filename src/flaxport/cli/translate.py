@@ -13,9 +13,12 @@ nn.Embedding's size, else below 2), also float64, int32, bool.
 Writes DIR/model.py (imports only jax, flax, numpy and the standard library; `load(DIR)`;
 with --conv native also flaxport's CPU convolution kernels, where flaxport is installed),
 DIR/weights.safetensors (torch's state_dict names) and DIR/parity.md, and prints a summary.
-With --optimizer and --loss (texts read with `ast`, never run: a torch.optim class or a
-torch loss from a short list, literal keyword arguments) it also writes DIR/train_step.py,
-the jitted train step with the optimizer as optax, proven against torch for 3 steps.
+With --optimizer and --loss (texts read with `ast`, never run: a torch.optim class and a
+torch.nn loss, literal keyword arguments) it also writes DIR/train_step.py, the jitted train
+step with the optimizer as optax (and --scheduler, --clip-grad-norm/--clip-grad-value,
+--accumulate, --precision bf16 as the torch loop has them), and DIR/train.py, a training
+program for it (the user's loader, a mesh of devices, checkpoints, continuing a torch run);
+the step is proven against torch for --proof-steps steps (docs/translate.md).
 Exit 0 when the float64 check passes, 1 when it does not (the files are written, and the
 first submodule that differs is named), 2 for bad input (an unknown factory, a bad --input,
 weights that do not fit, ops with no translation: one line each).
@@ -47,12 +50,32 @@ def add_parser(sub):
                         "CPU kernels can on them where flaxport is installed (docs/translate.md)")
     p.add_argument("--train", action="store_true", help="the model starts in train mode (torch's module.train())")
     p.add_argument("--optimizer", default=None, metavar="TEXT",
-                   help='also write train_step.py with this torch optimizer as optax, e.g. '
-                        '"torch.optim.AdamW(lr=1e-3, weight_decay=0.01)" (SGD, Adam, AdamW, RMSprop, Adagrad; '
-                        'literal keyword arguments; needs --loss)')
+                   help='also write train_step.py (with this torch optimizer as optax) and train.py, e.g. '
+                        '"torch.optim.AdamW(lr=1e-3, weight_decay=0.01)" (any torch.optim class but LBFGS and '
+                        'SparseAdam; literal keyword arguments; needs --loss)')
     p.add_argument("--loss", default=None, metavar="TEXT",
-                   help='the loss of train_step.py, e.g. "torch.nn.functional.cross_entropy" or '
-                        '"nn.MSELoss(reduction=\'sum\')"')
+                   help='the loss of train_step.py, a torch.nn loss function or module, e.g. '
+                        '"torch.nn.functional.cross_entropy" or "nn.MSELoss(reduction=\'sum\')"')
+    p.add_argument("--scheduler", default=None, metavar="TEXT",
+                   help='the LR scheduler of train_step.py, e.g. "torch.optim.lr_scheduler.OneCycleLR(max_lr=0.1, '
+                        'total_steps=1000)" (literal keyword arguments; the optimizer is --optimizer\'s)')
+    p.add_argument("--scheduler-every", type=int, default=1, metavar="N",
+                   help="optimizer steps per scheduler.step(): 1 (default) where torch steps it every batch, the "
+                        "batches of an epoch where it steps once an epoch")
+    p.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX",
+                   help="clip the gradients' total norm to MAX before each step (torch.nn.utils.clip_grad_norm_)")
+    p.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P",
+                   help="the norm --clip-grad-norm measures: 2 (default) or inf")
+    p.add_argument("--clip-grad-value", type=float, default=None, metavar="V",
+                   help="clamp each gradient to [-V, V] before each step (torch.nn.utils.clip_grad_value_)")
+    p.add_argument("--accumulate", type=int, default=1, metavar="N",
+                   help="micro-batches per optimizer step: loss / N, backward N times, then one step (the --input "
+                        "batch must split into N)")
+    p.add_argument("--precision", default="float32", choices=("float32", "bf16"),
+                   help="bf16: train_step.py also runs the forward under torch.autocast's bfloat16 policy "
+                        "(make_train_step(..., precision='bf16')), checked against torch under autocast")
+    p.add_argument("--proof-steps", type=int, default=5, metavar="N",
+                   help="train steps the proof of train_step.py takes in both frameworks (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example inputs")
     common.add_debug(p)
     p.set_defaults(run=run)
@@ -68,10 +91,25 @@ def run(args) -> int:
     optimizer = loss = None
     if (args.optimizer is None) != (args.loss is None):
         raise UserError("train_step.py needs both --optimizer and --loss")
+    training = {}
+    if args.optimizer is None and (args.scheduler or args.clip_grad_norm or args.clip_grad_value or
+                                   args.accumulate != 1):
+        raise UserError("--scheduler, --clip-grad-norm, --clip-grad-value and --accumulate are train_step.py's: "
+                        "they need --optimizer and --loss")
     if args.optimizer is not None:
         from flaxport.translate.train_step import parse_loss, parse_optimizer
+        from flaxport.translate.training.loop import Training
+        from flaxport.translate.training.optimizer import OptimizerSpec
+        from flaxport.translate.training.schedule import parse_scheduler
 
         optimizer, loss = parse_optimizer(args.optimizer), parse_loss(args.loss)
+        if args.proof_steps < 1:
+            raise UserError(f"--proof-steps {args.proof_steps}: at least 1")
+        training = dict(scheduler=parse_scheduler(args.scheduler, optimizer) if args.scheduler else None,
+                        scheduler_every=args.scheduler_every, clip_grad_norm=args.clip_grad_norm,
+                        norm_type=args.clip_norm_type, clip_grad_value=args.clip_grad_value,
+                        accumulate=args.accumulate)
+        Training(OptimizerSpec(*optimizer[:1], [optimizer[1]]), loss, **training)  # the flags' one-line checks
     from flaxport import fileset
     from flaxport.translate.save import FILES
 
@@ -92,12 +130,12 @@ def run(args) -> int:
     if optimizer is not None:
         from flaxport.translate.train_step import write_train_step
 
-        write_train_step(t, module, optimizer, loss)
+        write_train_step(t, module, optimizer, loss, steps=args.proof_steps, precision=args.precision, **training)
     t.save(out)
     print(t.summary())
     if t.train_step is not None:
         print(t.train_step.headline())
-    written = ["model.py", "weights.safetensors"] + (["train_step.py"] if t.train_step is not None else [])
+    written = ["model.py", "weights.safetensors"] + (list(t.train_step.files) if t.train_step is not None else [])
     print(f"wrote {', '.join(str(out / n) for n in written + ['parity.md'])}")
     if t.train_step is not None and not t.train_step.ok:
         print(f"flaxport: the train step differs from torch's; see {out / 'parity.md'}", file=sys.stderr)

@@ -64,6 +64,23 @@ def torch_dropout(mode: str, rng: np.random.Generator, log: DropoutLog):
     functions = _dropout_functions()
     alpha = _alpha_functions()
 
+    def dropout(func, args, kwargs):
+        bound = inspect.signature(func).bind(*args, **kwargs)
+        bound.apply_defaults()
+        x, p, training = bound.arguments["input"], float(bound.arguments["p"]), bound.arguments["training"]
+        if not training or p == 0.0 or mode == "off":
+            return x
+        nd = functions[func]
+        if nd == 0:
+            shape = tuple(x.shape)
+        else:  # whole channels: (N, C, 1...) batched, (C, 1...) unbatched
+            lead = x.ndim - nd
+            shape = tuple(x.shape[:lead]) + (1,) * nd
+        keep = rng.random(shape) >= p
+        scaled = (keep / (1.0 - p)).astype(torch.empty((), dtype=x.dtype).numpy().dtype)
+        log.masks.append((scaled, p, func.__name__))
+        return x * torch.from_numpy(scaled).to(x.device)
+
     class Mode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -72,26 +89,32 @@ def torch_dropout(mode: str, rng: np.random.Generator, log: DropoutLog):
                                 "mode, or replace it while checking")
             if func is F.scaled_dot_product_attention:
                 return _attention(func, args, kwargs, mode, rng, log)
+            if func is F.multi_head_attention_forward:
+                # torch's Python attention calls dropout / scaled_dot_product_attention inside, where this
+                # mode is off while it handles the outer call: those two are replaced for the call instead
+                drop, sdpa = F.dropout, F.scaled_dot_product_attention
+                inner = {"dropout": lambda *a, **k: dropout(drop, a, k),
+                         "scaled_dot_product_attention": lambda *a, **k: _attention(sdpa, a, k, mode, rng, log)}
+                with _replaced(F, inner):
+                    return func(*args, **kwargs)
             if func not in functions:
                 return func(*args, **kwargs)
-            bound = inspect.signature(func).bind(*args, **kwargs)
-            bound.apply_defaults()
-            x, p, training = bound.arguments["input"], float(bound.arguments["p"]), bound.arguments["training"]
-            if not training or p == 0.0 or mode == "off":
-                return x
-            nd = functions[func]
-            if nd == 0:
-                shape = tuple(x.shape)
-            else:  # whole channels: (N, C, 1...) batched, (C, 1...) unbatched
-                lead = x.ndim - nd
-                shape = tuple(x.shape[:lead]) + (1,) * nd
-            keep = rng.random(shape) >= p
-            scaled = (keep / (1.0 - p)).astype(torch.empty((), dtype=x.dtype).numpy().dtype)
-            log.masks.append((scaled, p, func.__name__))
-            return x * torch.from_numpy(scaled).to(x.device)
+            return dropout(func, args, kwargs)
 
     with Mode():
         yield log
+
+
+@contextlib.contextmanager
+def _replaced(module, names: dict):
+    saved = {name: getattr(module, name) for name in names}
+    for name, fn in names.items():
+        setattr(module, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(module, name, fn)
 
 
 def silence_recurrent_dropout(torch_module) -> list:
@@ -154,10 +177,42 @@ def _attention(func, args, kwargs, mode, rng, log):
     if mask is not None:
         w = w.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else w + mask
     w = torch.softmax(w, dim=-1)
+    if mode == "given":  # `rng` is the scaled mask itself (graph_replay)
+        return (w * torch.from_numpy(rng).to(w.device)) @ v
     keep = rng.random(tuple(w.shape)) >= p
     scaled = (keep / (1.0 - p)).astype(torch.empty((), dtype=w.dtype).numpy().dtype)
     log.masks.append((scaled, p, "scaled_dot_product_attention"))
     return (w * torch.from_numpy(scaled).to(w.device)) @ v
+
+
+def graph_replay(masks):
+    """A function for an fx Interpreter's call_function: the captured graph's dropout ops
+    (aten.dropout / feature_dropout in train, scaled_dot_product_attention's dropout_p) take
+    `masks` (a DropoutLog's, in order) instead of drawing."""
+    import torch
+
+    aten = torch.ops.aten
+    served = iter(m for m, _, _ in masks)
+
+    def call(target, args, kwargs, run):
+        if target in (aten.dropout.default, aten.feature_dropout.default):
+            x, p, train = (list(args) + [kwargs.get("p"), kwargs.get("train")])[:3]
+            if not train or not p:
+                return run(target, args, kwargs)
+            mask = next(served, None)
+            if mask is None:
+                raise DropoutMismatchError("the captured graph applies dropout more often than the torch module")
+            return x * torch.from_numpy(mask)
+        if target is aten.scaled_dot_product_attention.default:
+            a = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+            if float(a.get("dropout_p") or 0.0):
+                mask = next(served, None)
+                if mask is None:
+                    raise DropoutMismatchError("the captured graph applies dropout more often than the torch module")
+                return _attention(None, args, kwargs, "given", mask, DropoutLog())
+        return run(target, args, kwargs)
+
+    return call
 
 
 class FlaxMasks:

@@ -1,12 +1,15 @@
 """torch.optim optimizers (and their LR schedulers) as optax transformations that take the same steps.
 
-The pitfalls (docs/porting.md, entries 13-15) each translation handles:
+Every torch.optim optimizer but LBFGS and SparseAdam (refused, saying why) has a chain
+(optimizers/chains.py; the transformations optax lacks in optimizers/transforms.py). The
+pitfalls (docs/porting.md, entries 13-15) those chains handle include:
 
 * SGD: weight_decay is an L2 term added to the gradient *before* momentum; torch's
-  momentum buffer starts at the first gradient and nesterov adds momentum * buffer,
-  which is `optax.trace(momentum, nesterov)`. dampening != 0 is not translated.
+  momentum buffer starts at the first gradient (undampened) and nesterov adds momentum *
+  buffer, which is `optax.trace(momentum, nesterov)` without dampening.
 * Adam: weight_decay is L2 added to the gradient *before* the moments, i.e.
-  chain(add_decayed_weights, scale_by_adam, scale_by_learning_rate), not optax.adamw.
+  chain(add_decayed_weights, scale_by_adam, scale_by_learning_rate), not optax.adamw;
+  amsgrad keeps the largest *raw* second moment (optax's amsgrad, the bias-corrected one).
 * AdamW: decoupled, p -= lr * wd * p next to the Adam step, both from the old p:
   chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate), optax.adamw's
   update. torch's default weight_decay is 0.01; optax's is 1e-4.
@@ -16,52 +19,30 @@ The pitfalls (docs/porting.md, entries 13-15) each translation handles:
   learning rate (optax.rmsprop puts it after, which differs once lr changes).
 * Adagrad: eps outside the square root (optax.adagrad: inside, 1e-7), the accumulator
   starts at torch's initial_accumulator_value (0; optax 0.1), lr / (1 + (t - 1) lr_decay).
+* NAdam, RAdam: torch's momentum schedule and eps placement (optax.nadam / radam differ);
+  ASGD, Rprop, Adafactor, Muon compute the learning rate into their update.
 
-A scheduler (StepLR, ExponentialLR, LinearLR, CosineAnnealingLR, OneCycleLR; schedules.py)
-becomes the learning-rate schedule, and OneCycleLR's cycled momentum / beta1 a schedule
-of the momentum through `optax.inject_hyperparams`. `optax_state_from_torch` carries a
-torch optimizer's state (moments, step counts, the scheduler's count) into the optax
-state, and `torch_moments` reads the moments back under torch's state names.
+A scheduler (schedules.py) becomes the learning-rate schedule, and OneCycleLR's cycled
+momentum / beta1 a schedule of the momentum through `optax.inject_hyperparams`.
+`optax_state_from_torch` carries a torch optimizer's state (moments, step counts, the
+scheduler's count) into the optax state, and `torch_moments` reads the moments back
+under torch's state names.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from flaxport.errors import UserError
+from flaxport.port.optimizers import chains
+from flaxport.port.optimizers.chains import IGNORED, MOMENTS, SCALARS, TORCH_DEFAULTS, UnsupportedOptimizerError
+from flaxport.port.optimizers.transforms import ScaleByTorchAdagradState, scale_by_torch_adagrad
 
 
-class UnsupportedOptimizerError(UserError):
-    """A torch optimizer or option with no faithful optax translation here."""
-
-
-TORCH_DEFAULTS = {
-    "sgd": dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False),
-    "adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
-                 decoupled_weight_decay=False),
-    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, maximize=False,
-                  decoupled_weight_decay=True),
-    "rmsprop": dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False, maximize=False),
-    "adagrad": dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10,
-                    maximize=False),
-}
 # The optax optimizer closest to a torch one flaxport does not translate.
-CLOSEST = {"nadam": "optax.nadam", "radam": "optax.radam", "adamax": "optax.adamax", "adadelta": "optax.adadelta",
-           "rprop": "optax.rprop", "lbfgs": "optax.lbfgs", "asgd": "optax.sgd with an averaged copy of the params",
-           "sparseadam": "optax.adam", "muon": "optax.contrib.muon", "adafactor": "optax.adafactor"}
-# torch's state names of each optimizer's per-parameter tensors -> the optax state field holding them.
-MOMENTS = {"sgd": {"momentum_buffer": "trace"}, "adam": {"exp_avg": "mu", "exp_avg_sq": "nu"},
-           "adamw": {"exp_avg": "mu", "exp_avg_sq": "nu"},
-           "rmsprop": {"square_avg": "nu", "grad_avg": "mu", "momentum_buffer": "trace"},
-           "adagrad": {"sum": "sum"}}
-# Group entries that choose an implementation, not the arithmetic, and those LR schedulers add.
-_IGNORED = {"params", "foreach", "fused", "capturable", "differentiable", "name", "initial_lr", "max_lr", "min_lr",
-            "max_momentum", "base_momentum"}
+CLOSEST = {"lbfgs": "optax.lbfgs", "sparseadam": "optax.adam"}
 
 
 def spec_from_torch(torch_optimizer) -> dict:
@@ -71,42 +52,19 @@ def spec_from_torch(torch_optimizer) -> dict:
     """
     name = type(torch_optimizer).__name__.lower()
     groups = torch_optimizer.param_groups
-    hyper = {k: v for k, v in groups[0].items() if k not in _IGNORED}
+    hyper = {k: v for k, v in groups[0].items() if k not in IGNORED}
     for i, g in enumerate(groups[1:], start=1):
-        other = {k: v for k, v in g.items() if k not in _IGNORED}
+        other = {k: v for k, v in g.items() if k not in IGNORED}
         if other != hyper:
             diff = sorted(k for k in set(hyper) | set(other) if hyper.get(k) != other.get(k))
             raise UnsupportedOptimizerError(
-                f"{type(torch_optimizer).__name__} param group {i} differs from group 0 in {diff}: translate each "
-                "group with optax_from_torch({...spec...}) and combine them with optax.multi_transform")
+                f"{type(torch_optimizer).__name__} param group {i} differs from group 0 in {diff}: pass "
+                "param_labels (a tree like the parameters holding each one's group index)")
     return {"name": name, **hyper}
 
 
 def _float(v) -> float:
     return float(v.item() if hasattr(v, "item") else v)
-
-
-class ScaleByTorchAdagradState(NamedTuple):
-    count: jax.Array  # steps taken, torch's state['step']
-    sum: optax.Updates  # torch's state['sum']
-
-
-def scale_by_torch_adagrad(eps: float = 1e-10, initial_accumulator_value: float = 0.0,
-                           lr_decay: float = 0.0) -> optax.GradientTransformation:
-    """torch.optim.Adagrad's step before the learning rate: g / (sqrt(sum) + eps) / (1 + t lr_decay)."""
-
-    def init(params):
-        return ScaleByTorchAdagradState(jnp.zeros([], jnp.int32),
-                                        jax.tree.map(lambda p: jnp.full_like(p, initial_accumulator_value), params))
-
-    def update(updates, state, params=None):
-        del params
-        total = jax.tree.map(lambda s, g: s + g * g, state.sum, updates)
-        decay = 1.0 / (1.0 + state.count * lr_decay)
-        updates = jax.tree.map(lambda s, g: g / (jnp.sqrt(s) + eps) * decay, total, updates)
-        return updates, ScaleByTorchAdagradState(optax.safe_increment(state.count), total)
-
-    return optax.GradientTransformation(init, update)
 
 
 def _hyper(optimizer_or_spec) -> tuple[str, dict]:
@@ -118,81 +76,76 @@ def _hyper(optimizer_or_spec) -> tuple[str, dict]:
         name = spec.pop("name")
     else:
         raise UnsupportedOptimizerError(f"expected a torch optimizer or a spec dict, got {type(optimizer_or_spec)}")
-    if name not in TORCH_DEFAULTS:
-        closest = f"; the closest optax optimizer is {CLOSEST[name]}" if name in CLOSEST else ""
-        raise UnsupportedOptimizerError(f"optimizer {name!r} is not translated (translated: "
-                                        f"{', '.join(sorted(TORCH_DEFAULTS))}){closest}")
-    if unknown := sorted(set(spec) - set(TORCH_DEFAULTS[name]) - _IGNORED):
-        raise UnsupportedOptimizerError(f"{name} option {unknown[0]!r} is not translated")
-    h = {**TORCH_DEFAULTS[name], **{k: v for k, v in spec.items() if k not in _IGNORED}}
-    if h["maximize"]:
-        raise UnsupportedOptimizerError(f"{name}(maximize=True) is not translated: negate the loss instead")
-    return name, h
+    return name, chains.hyper(name, spec)
 
 
-def _momentum_transform(factory, momentum_schedule, **kwargs):
-    """factory(**kwargs), or with its momentum argument following `momentum_schedule`."""
-    if momentum_schedule is None:
-        return factory(**kwargs)
-    return optax.inject_hyperparams(factory, static_args=("nesterov",))(**kwargs)
+def group_hypers(torch_optimizer) -> list:
+    """Each param group's hyperparameters (torch's defaults filled in), in group order."""
+    name = type(torch_optimizer).__name__.lower()
+    return [chains.hyper(name, {k: v for k, v in g.items() if k not in IGNORED})
+            for g in torch_optimizer.param_groups]
 
 
-def optax_from_torch(optimizer_or_spec, scheduler=None) -> optax.GradientTransformation:
-    """torch.optim.{SGD, Adam, AdamW, RMSprop, Adagrad} (an instance, or a spec such as
-    {'name': 'adamw', 'lr': 1e-3}, torch's defaults filling the rest) -> optax transformation.
+def optax_from_torch(optimizer_or_spec, scheduler=None, param_labels=None,
+                     scheduler_every: int = 1) -> optax.GradientTransformation:
+    """A torch.optim optimizer (an instance, or a spec such as {'name': 'adamw', 'lr': 1e-3},
+    torch's defaults filling the rest) -> the optax transformation that takes its steps
+    (chains.py: every torch.optim optimizer but LBFGS and SparseAdam).
 
-    scheduler: a torch LR scheduler attached to the optimizer (StepLR, ExponentialLR,
-    LinearLR, CosineAnnealingLR, OneCycleLR): its learning rate (and OneCycleLR's
-    momentum) as optax schedules; without one the optimizer's current lr is used.
-    Raises UnsupportedOptimizerError for other optimizers (naming the closest optax one) and
-    for options not translated (amsgrad, maximize, SGD dampening, differing param groups,
-    unknown spec keys); UnsupportedSchedulerError for other schedulers.
+    scheduler: a torch LR scheduler attached to the optimizer (schedules.py): its learning
+    rate (and OneCycleLR's / CyclicLR's momentum) as optax schedules; without one the
+    optimizer's current lr is used. param_labels: for an optimizer whose param groups differ,
+    a tree like the parameters holding each one's group index: the groups' chains become one
+    optax.multi_transform. scheduler_every: optimizer steps per scheduler.step() (torch code
+    that steps the scheduler once an epoch: the steps of an epoch). Raises
+    UnsupportedOptimizerError for LBFGS / SparseAdam (saying
+    why), unknown spec keys and differing groups without labels; UnsupportedSchedulerError
+    for schedulers that are not a function of the step count.
     """
-    from flaxport.port.schedules import schedules_from_torch
-
+    if hasattr(optimizer_or_spec, "param_groups") and len(optimizer_or_spec.param_groups) > 1:
+        hypers = group_hypers(optimizer_or_spec)
+        if any(h != hypers[0] for h in hypers[1:]) or (scheduler is not None and len(
+                {float(b) for b in getattr(scheduler, "base_lrs", [0])}) > 1):
+            if param_labels is None:
+                spec_from_torch(optimizer_or_spec)  # its one line: the groups differ
+            return _groups(optimizer_or_spec, hypers, scheduler, param_labels, scheduler_every)
     name, h = _hyper(optimizer_or_spec)
     lr, mom_schedule = _float(h["lr"]), None
     if scheduler is not None:
-        lr, mom_schedule, _ = schedules_from_torch(scheduler)
-    wd = _float(h["weight_decay"])
-    l2 = [optax.add_decayed_weights(wd)] if wd else []  # torch: grad = grad + wd * p, first
-    scale_lr = optax.scale_by_learning_rate(lr)
+        lr, mom_schedule = learning_rates(scheduler, scheduler_every)[0]
+    momentum = chains.Expr("momentum") if mom_schedule is not None else None
+    chain = chains.links(name, h, chains.Expr("learning_rate"), momentum)
+    return chains.build(chain, {"learning_rate": lr, "momentum": mom_schedule})
 
-    if name == "sgd":
-        momentum = _float(h["momentum"])
-        if _float(h["dampening"]):
-            raise UnsupportedOptimizerError("SGD dampening != 0 is not translated (torch's first step skips it)")
-        if h["nesterov"] and momentum <= 0:
-            raise UnsupportedOptimizerError("SGD nesterov needs momentum > 0 (torch refuses it too)")
-        trace = []
-        if momentum or mom_schedule is not None:
-            trace = [_momentum_transform(optax.trace, mom_schedule, decay=mom_schedule or momentum,
-                                         nesterov=bool(h["nesterov"]))]
-        return optax.chain(*l2, *trace, scale_lr)
 
-    if name == "rmsprop":
-        momentum = _float(h["momentum"])
-        kw = dict(decay=_float(h["alpha"]), eps=_float(h["eps"]), initial_scale=0.0, eps_in_sqrt=False)
-        scale = optax.scale_by_stddev(**kw) if h["centered"] else optax.scale_by_rms(**kw)
-        trace = []
-        if momentum or mom_schedule is not None:
-            trace = [_momentum_transform(optax.trace, mom_schedule, decay=mom_schedule or momentum, nesterov=False)]
-        return optax.chain(*l2, scale, *trace, scale_lr)
+def _every(schedule, steps: int):
+    from flaxport.port.schedules import every
 
-    if name == "adagrad":
-        return optax.chain(*l2, scale_by_torch_adagrad(_float(h["eps"]), _float(h["initial_accumulator_value"]),
-                                                       _float(h["lr_decay"])), scale_lr)
+    return every(schedule, steps) if schedule is not None and steps > 1 else schedule
 
-    # adam / adamw
-    if h["amsgrad"]:
-        raise UnsupportedOptimizerError(f"{name}(amsgrad=True) is not translated; the closest optax optimizer is "
-                                        "optax.amsgrad (check its eps placement against torch's)")
-    b1, b2 = (_float(b) for b in h["betas"])
-    adam = _momentum_transform(optax.scale_by_adam, mom_schedule, b1=mom_schedule or b1, b2=b2, eps=_float(h["eps"]),
-                               eps_root=0.0)
-    if h["decoupled_weight_decay"]:  # AdamW, or Adam(decoupled_weight_decay=True): optax.adamw's chain
-        return optax.chain(adam, *([optax.add_decayed_weights(wd)] if wd else []), scale_lr)
-    return optax.chain(*l2, adam, scale_lr)
+
+def learning_rates(scheduler, scheduler_every: int = 1) -> list:
+    """[(learning rate schedule, momentum schedule or None)] per param group of a torch scheduler's
+    optimizer, as functions of the optimizer step count (what the optax chains are built with)."""
+    from flaxport.port.optimizers import schedule_links
+
+    links = schedule_links.from_torch(scheduler)
+    out = []
+    for i, link in enumerate(links.lr):
+        mom = schedule_links.build(links.momentum[i], links.lambdas) if links.momentum else None
+        out.append((_every(schedule_links.build(link, links.lambdas), scheduler_every), _every(mom, scheduler_every)))
+    return out
+
+
+def _groups(opt, hypers, scheduler, param_labels, scheduler_every):
+    name = type(opt).__name__.lower()
+    rates = learning_rates(scheduler, scheduler_every) if scheduler is not None else None
+    transforms = {}
+    for i, h in enumerate(hypers):
+        lr, mom = rates[i] if rates else (_float(h["lr"]), None)
+        chain = chains.links(name, h, chains.Expr("learning_rate"), chains.Expr("momentum") if mom else None)
+        transforms[i] = chains.build(chain, {"learning_rate": lr, "momentum": mom})
+    return optax.multi_transform(transforms, param_labels)
 
 
 # --------------------------------------------------------------------------- optimizer state
@@ -214,7 +167,8 @@ def _schedule_counted(node) -> bool:
                                    "WrappedScheduleState")
 
 
-def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, scheduler=None):
+def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, scheduler=None,
+                           scheduler_every: int = 1):
     """The optax state of `tx` (optax_from_torch's) holding what `torch_optimizer` holds now.
 
     torch_module: the module whose parameters the optimizer updates (for their names).
@@ -223,21 +177,28 @@ def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, s
     params_to_flax, or a translation's conversion). Moments (exp_avg, momentum_buffer, ...)
     and the step count come from the torch optimizer's state (zeros for a parameter
     without state); the schedules' count from the scheduler's last_epoch. A torch
-    optimizer that has not stepped gives tx.init(params) with that count.
+    optimizer that has not stepped gives tx.init(params) with that count (times
+    scheduler_every: the schedules count optimizer steps).
     """
     import torch
 
-    name, _ = _hyper(torch_optimizer)
+    name = optimizer_name(torch_optimizer)
     state = tx.init(params)
     names = {id(p): n for n, p in torch_module.named_parameters()}
     per_param = {names[id(p)]: s for p, s in torch_optimizer.state.items() if id(p) in names and s}
-    count = int(scheduler.last_epoch) if scheduler is not None else None
+    count = None
+    if scheduler is not None:
+        from flaxport.port.optimizers import schedule_links
+
+        count = schedule_links.from_torch(scheduler).count * int(scheduler_every)
     steps = {int(_float(s["step"])) for s in per_param.values() if "step" in s}
     if len(steps) > 1:
         raise UnsupportedOptimizerError(f"the torch optimizer's parameters have taken different numbers of steps "
                                         f"({sorted(steps)}): its state cannot be carried as one optax state")
     step = steps.pop() if steps else None
     fields = {}
+    first = next(iter(per_param.values()), {})
+    scalars = {field: _np(first[k]) for k, field in SCALARS.get(name, {}).items() if k in first}
     for torch_key, field in MOMENTS[name].items():
         have = {n: s[torch_key] for n, s in per_param.items() if isinstance(s.get(torch_key), torch.Tensor)}
         if have:
@@ -247,33 +208,61 @@ def optax_state_from_torch(tx, torch_optimizer, torch_module, params, to_flax, s
     def fill(node):
         if _schedule_counted(node):
             return node._replace(count=jnp.asarray(count, node.count.dtype)) if count is not None else node
-        updates = {f: jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype), getattr(node, f), v)
-                   for f, v in fields.items() if f in node._fields}
+        updates = {f: _fill_like(getattr(node, f), v) for f, v in fields.items() if f in node._fields}
+        updates.update({f: jnp.asarray(v, getattr(node, f).dtype) for f, v in scalars.items() if f in node._fields})
         if "count" in node._fields and step is not None:
             updates["count"] = jnp.asarray(step, node.count.dtype)
+        elif "count" in node._fields and updates:  # torch keeps no step here (SGD, Muon): it has stepped
+            updates["count"] = jnp.asarray(count if count is not None else 1, node.count.dtype)
         return node._replace(**updates) if updates else node
 
     return _map_states(state, fill)
 
 
+def _masked(x) -> bool:
+    return isinstance(x, optax.MaskedNode)
+
+
+def _fill_like(old, new):
+    """`new` (a full parameter tree) cast into `old`'s leaves; where a param group's state holds
+    optax.MaskedNode (a parameter of another group), it stays."""
+    leaves, tree = jax.tree_util.tree_flatten(old, is_leaf=_masked)
+    values = jax.tree.leaves(new)
+    return jax.tree_util.tree_unflatten(tree, [o if _masked(o) else jnp.asarray(v, o.dtype)
+                                               for o, v in zip(leaves, values)])
+
+
 def optimizer_name(optimizer_or_spec) -> str:
     """'adam', 'sgd', ... of a torch optimizer or spec (the key of MOMENTS); raises for untranslated ones."""
+    if hasattr(optimizer_or_spec, "param_groups"):
+        name = type(optimizer_or_spec).__name__.lower()
+        chains.defaults(name)
+        return name
     return _hyper(optimizer_or_spec)[0]
 
 
 def torch_moments(name: str, opt_state) -> dict:
-    """{torch state name ('exp_avg', ...): the optax state's tree of it} for optimizer `name`."""
+    """{torch state name ('exp_avg', ...): the optax state's tree of it} for optimizer `name`;
+    the param groups' states (optax.multi_transform's) merged into one tree."""
     found: dict = {}
     fields = {f: k for k, f in MOMENTS[name].items()}
 
     def visit(node):
         for f, k in fields.items():
             if f in getattr(node, "_fields", ()) and not _schedule_counted(node):
-                found.setdefault(k, getattr(node, f))
+                found.setdefault(k, []).append(getattr(node, f))
         return node
 
     _map_states(opt_state, visit)
-    return found
+    return {k: _merge(trees) for k, trees in found.items()}
+
+
+def _merge(trees):
+    """One tree from param groups' trees, each holding MaskedNode where another group's parameter is."""
+    flat = [jax.tree_util.tree_flatten(t, is_leaf=_masked) for t in trees]
+    merged = [next((leaves[i] for leaves, _ in flat if not _masked(leaves[i])), flat[0][0][i])
+              for i in range(len(flat[0][0]))]
+    return jax.tree_util.tree_unflatten(flat[0][1], merged)
 
 
 def _np(t):

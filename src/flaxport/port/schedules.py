@@ -1,29 +1,32 @@
 """torch.optim.lr_scheduler schedulers as optax schedules (functions of the step count).
 
-A torch scheduler rewrites `group['lr']` (and, for OneCycleLR, the momentum or Adam's
-beta1) after every `optimizer.step()`; optimizer step k (counting from 0) runs with the
+A torch scheduler rewrites `group['lr']` (and, for OneCycleLR / CyclicLR, the momentum or
+Adam's beta1) at every `scheduler.step()`; optimizer step k (counting from 0) runs with the
 value the scheduler computed at its `last_epoch == k`. An optax schedule is that value as
-a function of k, so `schedule(k)` here is torch's value at `last_epoch == k`:
+a function of k, so `schedule(k)` here is torch's value at `last_epoch == k`. Each function
+below builds one from torch's arguments; they are self-contained (jnp and math only) so
+train_step.py carries the source of those it uses:
 
-  StepLR(step_size, gamma)           base * gamma ** (k // step_size)      optax.exponential_decay(staircase)
-  ExponentialLR(gamma)               base * gamma ** k                     optax.exponential_decay
-  LinearLR(start, end, total_iters)  base * (start + (end - start) * min(k, T) / T)   optax.linear_schedule
-  CosineAnnealingLR(T_max, eta_min)  eta_min + (base - eta_min) * (1 + cos(pi k / T)) / 2, for every k
-  OneCycleLR(max_lr, total_steps, pct_start, anneal_strategy, div_factor, final_div_factor, three_phase)
-                                     torch's phases: ends at pct_start * T - 1 (and 2 pct_start T - 2), T - 1
+  StepLR, MultiStepLR, ConstantLR, LinearLR, ExponentialLR, PolynomialLR  base x a factor of k
+  CosineAnnealingLR        eta_min + (base - eta_min) (1 + cos(pi k / T_max)) / 2 (back up after T_max)
+  CosineAnnealingWarmRestarts  the cosine restarting at T_0, T_0 (1 + T_mult), ...
+  OneCycleLR, CyclicLR     torch's phases (and their momentum, reversed)
+  SequentialLR             each scheduler from 0 at its milestone; ChainedScheduler: factors multiplied
+  LambdaLR                 base x the lambda, translated from its Python source (lambdas.py)
 
-torch computes most of these recursively (lr times a factor each step), the closed forms
+torch computes most of these recursively (lr times a factor each step); the closed forms
 agree with it to rounding (float64: ~1e-16 relative). Two differ from the optax built-in
-of the same name and are written out here: optax.cosine_decay_schedule stays at eta_min
-after T_max where torch's cosine comes back up, and optax.cosine_onecycle_schedule puts its
-phase boundaries one step later than torch (int(pct_start * T) instead of pct_start * T - 1).
+of the same name: optax.cosine_decay_schedule stays at eta_min after T_max where torch's
+cosine comes back up, and optax.cosine_onecycle_schedule puts its phase boundaries one step
+later than torch (int(pct_start * T) instead of pct_start * T - 1). ReduceLROnPlateau reads
+a metric, not the step count, and MultiplicativeLR a product of a function's values: both
+are refused in one line.
 """
 from __future__ import annotations
 
 import math
 
 import jax.numpy as jnp
-import optax
 
 from flaxport.errors import UserError
 
@@ -32,114 +35,179 @@ class UnsupportedSchedulerError(UserError):
     """A torch LR scheduler with no faithful optax translation here."""
 
 
-# The optax counterpart to reach for when a scheduler is not translated.
-CLOSEST = {
-    "MultiStepLR": "optax.piecewise_constant_schedule(lr, {milestone: gamma, ...})",
-    "ConstantLR": "optax.piecewise_constant_schedule(lr * factor, {total_iters: 1 / factor})",
-    "PolynomialLR": "optax.polynomial_schedule",
-    "CosineAnnealingWarmRestarts": "optax.sgdr_schedule",
-    "CyclicLR": "optax.join_schedules of two optax.linear_schedule",
-    "SequentialLR": "optax.join_schedules",
-    "ChainedScheduler": "a product of optax schedules",
-    "LambdaLR": "a Python function of the step count (an optax schedule)",
-    "MultiplicativeLR": "a Python function of the step count (an optax schedule)",
-    "ReduceLROnPlateau": "optax.contrib.reduce_on_plateau (it reads the loss, not the step)",
+REFUSED = {
+    "ReduceLROnPlateau": "it lowers the rate when a metric the loop passes to step(metric) stops improving, not as a "
+                         "function of the step count; the closest optax one is optax.contrib.reduce_on_plateau, "
+                         "which reads the loss",
+    "MultiplicativeLR": "it multiplies the rate by lr_lambda(k) at every step, a running product; write the product "
+                        "out as a LambdaLR",
 }
-TRANSLATED = ("StepLR", "ExponentialLR", "LinearLR", "CosineAnnealingLR", "OneCycleLR")
+# kept for callers that name the closest optax counterpart
+CLOSEST = {"ReduceLROnPlateau": "optax.contrib.reduce_on_plateau (it reads the loss, not the step)",
+           "MultiplicativeLR": "a Python function of the step count (an optax schedule)"}
+TRANSLATED = ("StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR", "PolynomialLR", "CosineAnnealingLR",
+              "CosineAnnealingWarmRestarts", "OneCycleLR", "CyclicLR", "SequentialLR", "ChainedScheduler", "LambdaLR")
+MULTIPLICATIVE = ("StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR", "PolynomialLR", "LambdaLR")
 
 
-def _groups_agree(scheduler, attr_values: list, what: str):
-    if len(set(attr_values)) > 1:
-        raise UnsupportedSchedulerError(
-            f"{type(scheduler).__name__} gives the param groups different {what}: translate each group with "
-            "optax_from_torch({...spec...}, ...) and combine them with optax.multi_transform")
-    return attr_values[0]
+# --------------------------------------------------------------------------- the schedules
+def as_steps(count):
+    """The step count as the default float type (float64 under jax x64: the rate is not rounded)."""
+    return jnp.asarray(count, jnp.result_type(float))
 
 
-def schedules_from_torch(scheduler) -> tuple:
-    """A torch LR scheduler -> (lr schedule, momentum schedule or None, its count now).
-
-    The momentum schedule is OneCycleLR's cycled momentum (SGD/RMSprop `momentum`, Adam's
-    beta1) when `cycle_momentum`; count is the scheduler's `last_epoch` (0 right after
-    construction), the count the optax state starts from to continue where torch is.
-    Raises UnsupportedSchedulerError naming the closest optax schedule for others.
-    """
-    name = type(scheduler).__name__
-    if name not in TRANSLATED:
-        closest = CLOSEST.get(name, "a Python function of the step count (an optax schedule)")
-        raise UnsupportedSchedulerError(f"torch scheduler {name} is not translated (translated: "
-                                        f"{', '.join(TRANSLATED)}); the closest optax one is {closest}")
-    groups = scheduler.optimizer.param_groups
-    base = _groups_agree(scheduler, [float(b) for b in scheduler.base_lrs], "base learning rates")
-    count = int(scheduler.last_epoch)
-    momentum = None
-    if name == "StepLR":
-        lr = optax.exponential_decay(base, transition_steps=int(scheduler.step_size),
-                                     decay_rate=float(scheduler.gamma), staircase=True)
-    elif name == "ExponentialLR":
-        lr = optax.exponential_decay(base, transition_steps=1, decay_rate=float(scheduler.gamma))
-    elif name == "LinearLR":
-        start, end, total = float(scheduler.start_factor), float(scheduler.end_factor), int(scheduler.total_iters)
-        lr = optax.linear_schedule(base * start, base * end, transition_steps=total)
-    elif name == "CosineAnnealingLR":
-        lr = _cosine(base, float(scheduler.eta_min), int(scheduler.T_max))
-    else:
-        lr, momentum = _one_cycle(scheduler, groups)
-    return _float_count(lr), (_float_count(momentum) if momentum is not None else None), count
+def step_lr(base_lr, step_size, gamma=0.1):
+    """torch's StepLR: base_lr * gamma ** (k // step_size)."""
+    return lambda count: base_lr * gamma ** jnp.floor(as_steps(count) / step_size)
 
 
-def _float_count(schedule):
-    """The schedule with its (int32) count as the default float type, so that it computes in
-    float64 under jax x64: optax's schedules otherwise work in float32 and round the rate."""
-
-    def at(count):
-        return schedule(jnp.asarray(count, jnp.result_type(float)))
-
-    return at
+def multi_step_lr(base_lr, milestones, gamma=0.1):
+    """torch's MultiStepLR: base_lr * gamma ** (the milestones passed, counted with repeats)."""
+    return lambda count: base_lr * gamma ** sum(jnp.where(as_steps(count) >= m, 1.0, 0.0) for m in milestones)
 
 
-def _cosine(base: float, eta_min: float, t_max: int):
+def constant_lr(base_lr, factor=1.0 / 3, total_iters=5):
+    """torch's ConstantLR: base_lr * factor before total_iters, base_lr after."""
+    return lambda count: base_lr * jnp.where(as_steps(count) < total_iters, factor, 1.0)
+
+
+def linear_lr(base_lr, start_factor=1.0 / 3, end_factor=1.0, total_iters=5):
+    """torch's LinearLR: the factor moves linearly from start_factor to end_factor over total_iters."""
+    return lambda count: base_lr * (start_factor + (end_factor - start_factor)
+                                    * jnp.minimum(as_steps(count), total_iters) / total_iters)
+
+
+def exponential_lr(base_lr, gamma):
+    """torch's ExponentialLR: base_lr * gamma ** k."""
+    return lambda count: base_lr * gamma ** as_steps(count)
+
+
+def polynomial_lr(base_lr, total_iters=5, power=1.0):
+    """torch's PolynomialLR: base_lr * (1 - min(k, total_iters) / total_iters) ** power."""
+    return lambda count: base_lr * (1.0 - jnp.minimum(as_steps(count), total_iters) / total_iters) ** power
+
+
+def cosine_annealing_lr(base_lr, T_max, eta_min=0.0):
+    """torch's CosineAnnealingLR: half a cosine from base_lr to eta_min over T_max steps, and on
+    (torch's cosine comes back up after T_max; optax.cosine_decay_schedule stays down)."""
+    return lambda count: eta_min + (base_lr - eta_min) * (1 + jnp.cos(math.pi * as_steps(count) / T_max)) / 2
+
+
+def cosine_annealing_warm_restarts(base_lr, T_0, T_mult=1, eta_min=0.0):
+    """torch's CosineAnnealingWarmRestarts: the cosine restarts after T_0, T_0 T_mult, ... steps."""
+
     def schedule(count):
-        return eta_min + (base - eta_min) * (1 + jnp.cos(math.pi * count / t_max)) / 2
+        t = as_steps(count)
+        if T_mult == 1:
+            done, period = jnp.floor(t / T_0) * T_0, T_0
+        else:  # cycles of T_0 T_mult^n: n from the logarithm, corrected where it rounds across a restart
+            n = jnp.floor(jnp.log(t / T_0 * (T_mult - 1) + 1) / math.log(T_mult))
+            n = n - jnp.where(T_0 * (T_mult**n - 1) / (T_mult - 1) > t, 1, 0)
+            n = n + jnp.where(T_0 * (T_mult ** (n + 1) - 1) / (T_mult - 1) <= t, 1, 0)
+            done, period = T_0 * (T_mult**n - 1) / (T_mult - 1), T_0 * T_mult**n
+        return eta_min + (base_lr - eta_min) * (1 + jnp.cos(math.pi * (t - done) / period)) / 2
 
     return schedule
 
 
-def _anneal(strategy: str, start, end, pct):
+def anneal(strategy, start, end, pct):
     if strategy == "cos":
         return end + (start - end) / 2.0 * (jnp.cos(math.pi * pct) + 1)
     return (end - start) * pct + start
 
 
-def _one_cycle(scheduler, groups) -> tuple:
-    """torch's OneCycleLR phases as (lr schedule, momentum schedule or None)."""
-    g = {k: _groups_agree(scheduler, [float(grp[k]) for grp in groups], k)
-         for k in ("initial_lr", "max_lr", "min_lr")}
-    cycle = bool(scheduler.cycle_momentum)
-    if cycle:
-        g.update({k: _groups_agree(scheduler, [float(grp[k]) for grp in groups], k)
-                  for k in ("max_momentum", "base_momentum")})
-    phases = [(float(p["end_step"]), p["start_lr"], p["end_lr"], p["start_momentum"], p["end_momentum"])
-              for p in scheduler._schedule_phases]
-    strategy = getattr(scheduler, "_anneal_func_type", "cos")
-    total = int(scheduler.total_steps)
+def one_cycle(total_steps, low, peak, final, pct_start=0.3, anneal_strategy="cos", three_phase=False):
+    """torch's OneCycleLR: low -> peak by step pct_start T - 1, then -> final at T - 1 (three_phase:
+    -> low again by 2 pct_start T - 2 first). The rate is (max_lr / div_factor, max_lr, that /
+    final_div_factor); the cycled momentum (max_momentum, base_momentum, max_momentum)."""
+    if three_phase:
+        phases = [(float(pct_start * total_steps) - 1, low, peak),
+                  (float(2 * pct_start * total_steps) - 2, peak, low), (total_steps - 1.0, low, final)]
+    else:
+        phases = [(float(pct_start * total_steps) - 1, low, peak), (total_steps - 1.0, peak, final)]
 
-    def value(count, which):
-        # torch walks the phases and takes the first whose end_step >= step (the last one otherwise).
-        out, start = None, 0.0
-        for i, (end, lr0, lr1, m0, m1) in enumerate(phases):
-            a, b = (lr0, lr1) if which == "lr" else (m0, m1)
-            v = _anneal(strategy, g[a], g[b], (count - start) / (end - start))
-            inside = count <= end if i < len(phases) - 1 else True
-            out = v if out is None else jnp.where(done, out, v)
-            done = inside if i == 0 else jnp.logical_or(done, inside)
+    def schedule(count):
+        t = jnp.minimum(as_steps(count), total_steps)
+        # torch takes the first phase whose end_step >= t (the last one past them all)
+        value, start, chosen = 0.0, 0.0, False
+        for i, (end, a, b) in enumerate(phases):
+            inside = t <= end if i < len(phases) - 1 else True
+            value = jnp.where(chosen, value, anneal(anneal_strategy, a, b, (t - start) / (end - start)))
+            chosen = jnp.logical_or(chosen, inside)
             start = end
-        return out
+        return value
 
-    def lr(count):
-        return value(jnp.minimum(count, total), "lr")
+    return schedule
 
-    def momentum(count):
-        return value(jnp.minimum(count, total), "momentum")
 
-    return lr, (momentum if cycle else None)
+def cyclic(total_steps_up, total_steps_down, low, peak, mode="triangular", gamma=1.0):
+    """torch's CyclicLR: low -> peak over step_size_up steps and back over step_size_down, the
+    height scaled by mode (triangular: 1, triangular2: halved each cycle, exp_range: gamma ** k).
+    The cycled momentum is the same with (max_momentum, base_momentum)."""
+    size = total_steps_up + total_steps_down
+    ratio = total_steps_up / size
+
+    def schedule(count):
+        t = as_steps(count)
+        cycle = jnp.floor(1 + t / size)
+        x = 1.0 + t / size - cycle
+        scale = jnp.where(x <= ratio, x / ratio, (x - 1) / (ratio - 1))
+        if mode == "triangular2":
+            scale = scale / 2.0 ** (cycle - 1)
+        elif mode == "exp_range":
+            scale = scale * gamma**t
+        return low + (peak - low) * scale
+
+    return schedule
+
+
+def sequential(schedules, milestones):
+    """torch's SequentialLR: schedules[i] from step milestones[i - 1], counting from 0 there."""
+
+    def schedule(count):
+        t = as_steps(count)
+        value = schedules[0](t)
+        for start, later in zip(milestones, schedules[1:]):
+            value = jnp.where(t >= start, later(t - start), value)
+        return value
+
+    return schedule
+
+
+def chained(base_lr, schedules):
+    """torch's ChainedScheduler of schedulers that multiply the rate: base_lr times each one's factor."""
+
+    def schedule(count):
+        value = base_lr
+        for s in schedules:
+            value = value * (s(count) / base_lr)
+        return value
+
+    return schedule
+
+
+def lambda_lr(base_lr, lr_lambda):
+    """torch's LambdaLR: base_lr * lr_lambda(k), the lambda translated to JAX."""
+    return lambda count: base_lr * lr_lambda(as_steps(count))
+
+
+def every(schedule, steps):
+    """A schedule torch steps once every `steps` optimizer steps (scheduler.step() once an epoch)."""
+    return lambda count: schedule(jnp.floor_divide(count, steps))
+
+
+def schedules_from_torch(scheduler) -> tuple:
+    """A torch LR scheduler -> (lr schedule, momentum schedule or None, its count now), for its
+    first param group (optimizers/schedule_links.py has every group's).
+
+    The momentum schedule is OneCycleLR's / CyclicLR's cycled momentum (SGD/RMSprop
+    `momentum`, Adam's beta1); count is the scheduler's `last_epoch` (0 right after
+    construction), the count the optax state starts from to continue where torch is.
+    Raises UnsupportedSchedulerError, saying why, for the others.
+    """
+    from flaxport.port.optimizers import schedule_links
+
+    links = schedule_links.from_torch(scheduler)
+    lr = schedule_links.build(links.lr[0], links.lambdas)
+    momentum = schedule_links.build(links.momentum[0], links.lambdas) if links.momentum else None
+    return lr, momentum, links.count

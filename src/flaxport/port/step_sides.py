@@ -22,14 +22,25 @@ def _jnp_tree(tree):
     return jax.tree.map(jnp.asarray, tree)
 
 
-def _train_step(loss_of, tx, update_mask):
-    """jit(step(params, rest, opt_state, xs, ys, replayed, rngs) -> (loss, grads, params, rest, opt_state));
-    replayed: {"dropout": torch's masks, "draws": torch's random draws} for the step (flaxport.port.draws)."""
+def _train_step(loss_of, tx, update_mask, accumulate: int = 1):
+    """jit(step(params, rest, opt_state, micro_xs, micro_ys, replayed, rngs) -> (loss, grads, params, rest,
+    opt_state)): one forward and backward of loss / accumulate per micro-batch (the statistics in `rest`
+    updated by each), the gradients summed, one optimizer step. replayed: per micro-batch,
+    {"dropout": torch's masks, "draws": torch's random draws} (flaxport.port.draws)."""
     import jax
     import optax
 
-    def step(params, rest, opt_state, xs, ys, replayed, rngs):
-        (loss, new_rest), grads = jax.value_and_grad(loss_of, has_aux=True)(params, rest, xs, ys, replayed, rngs)
+    def micro_loss(params, rest, xs, ys, replayed, rngs):
+        loss, new_rest = loss_of(params, rest, xs, ys, replayed, rngs)
+        return (loss / accumulate if accumulate > 1 else loss), new_rest
+
+    def step(params, rest, opt_state, micro_xs, micro_ys, replayed, rngs):
+        loss, grads = 0.0, None
+        for xs, ys, rep in zip(micro_xs, micro_ys, replayed):
+            (part, rest), g = jax.value_and_grad(micro_loss, has_aux=True)(params, rest, xs, ys, rep, rngs)
+            loss = loss + part
+            grads = g if grads is None else jax.tree.map(lambda a, b: a + b, grads, g)
+        new_rest = rest
         updates, opt_state = tx.update(grads, opt_state, params)
         if update_mask is not None:  # parameters the torch optimizer does not update
             updates = jax.tree.map(lambda u, m: u * m.astype(u.dtype), updates, update_mask)
@@ -90,7 +101,7 @@ class LinenSide:
             return {}
         return self.km.to_torch({"params": params, "batch_stats": rest["batch_stats"]})
 
-    def step_fn(self, loss_fn, tx, frozen, dropout_mode):
+    def step_fn(self, loss_fn, tx, frozen, dropout_mode, accumulate: int = 1):
         import jax.numpy as jnp
 
         module, kwargs, cf = self.module, self.kwargs, self.cf
@@ -108,7 +119,7 @@ class LinenSide:
                 out = jax.tree.map(lambda o: jnp.moveaxis(o, -1, 1) if 3 <= o.ndim <= 5 else o, out)
             return loss_fn(out, ys), {**rest, **new}
 
-        return _train_step(loss_of, tx, self._update_mask(frozen))
+        return _train_step(loss_of, tx, self._update_mask(frozen), accumulate)
 
     def _update_mask(self, frozen):
         if not frozen:
@@ -182,8 +193,8 @@ class NNXSide:
         try:
             full = {k: np.asarray(v) for k, v in self.t.state_dict().items()}
             full.update({k: np.asarray(v) for k, v in tensors.items()})
-            self.t.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in full.items()})
-            tree = nnx.state(self.t.model, nnx.Param)
+            self.t.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in full.items()})
+            tree = _copy_state(self.t.model, nnx.Param)  # a copy: the model is restored below
         finally:
             nnx.update(self.t.model, saved)
         return jax.tree.map(lambda new, old: new.astype(old.dtype), tree, self.params)
@@ -203,7 +214,7 @@ class NNXSide:
             nnx.update(self.t.model, saved)
         return {k: np.asarray(v) for k, v in sd.items() if k in self.stat_keys}
 
-    def step_fn(self, loss_fn, tx, frozen, dropout_mode):
+    def step_fn(self, loss_fn, tx, frozen, dropout_mode, accumulate: int = 1):
         from flax import nnx
 
         graphdef = self.graphdef
@@ -228,7 +239,7 @@ class NNXSide:
         if frozen:
             mask = self.params_from_torch({n: np.full(np.shape(self.params_to_torch(self.params)[n]),
                                                       0.0 if n in frozen else 1.0) for n in self.param_names})
-        return _train_step(loss_of, tx, mask)
+        return _train_step(loss_of, tx, mask, accumulate)
 
     def restore(self):
         from flax import nnx
@@ -236,12 +247,12 @@ class NNXSide:
         nnx.update(self.t.model, self.snapshot)
 
 
-def _copy_state(model):
+def _copy_state(model, *filters):
     """The model's variables as they are now: nnx.state holds the live Variables, so rebuild them."""
     import jax
     from flax import nnx
 
-    return jax.tree.map(lambda a: a, nnx.state(model))
+    return jax.tree.map(lambda a: a, nnx.state(model, *filters))
 
 
 def _float64(a):

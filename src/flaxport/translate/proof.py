@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 
 import numpy as np
 
 from flaxport.port import draws as rnd
+from flaxport.port.dropout import DropoutLog, DropoutMismatchError, FlaxMasks, graph_replay, torch_dropout
 from flaxport.port.parity import ParityReport, Row, compare
 
 ATOL = RTOL = 1e-5
@@ -129,11 +131,14 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     if f64:
         torch_module = torch_module.double()
     draws = rnd.Draws() if draws_noise(capture) else None
-    with _torch_precision(), torch.no_grad(), _recording(draws):
+    # dropout that is on in eval mode too (F.dropout(x, p, training=True)): the same masks on both sides
+    masks = DropoutLog()
+    with _torch_precision(), torch.no_grad(), _recording(draws), \
+            torch_dropout("equal", np.random.default_rng(0), masks):
         torch_out = torch_module(*args, **kwargs)
     torch_leaves = output_leaves(torch_out)
     try:
-        env = _interpret(capture, args, kwargs, draws)
+        env = _interpret(capture, args, kwargs, draws, masks)
     except rnd.DrawMismatch as e:
         return [_draws_differ(e)]
 
@@ -143,9 +148,9 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
         model.eval()
         inputs = _jax_arguments(t, dtype)
         try:
-            with _replay(draws):
+            with _replay(draws), FlaxMasks([m for m, _, _ in masks.masks], "equal", False).nnx():
                 records, jax_out = _run_recorded(t, model, inputs)
-        except rnd.DrawMismatch as e:
+        except (rnd.DrawMismatch, DropoutMismatchError) as e:
             return [_draws_differ(e)]
         records = [(path, [np.asarray(a) for a in _leaves(out)]) for path, out in records]
         jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
@@ -392,9 +397,9 @@ def _replay(draws):
     return rnd.jax_replay(draws.standard) if draws is not None else contextlib.nullcontext()
 
 
-def _interpret(capture, args, kwargs, draws=None) -> dict:
+def _interpret(capture, args, kwargs, draws=None, masks=None) -> dict:
     """{node name: NumPy value} of the captured graph run by torch on the inputs (random ops
-    return torch's `draws` of the module's own run)."""
+    return torch's `draws` of the module's own run, dropout its `masks`: a DropoutLog)."""
     import torch
     import torch.fx
     from torch.utils import _pytree
@@ -425,14 +430,18 @@ def _interpret(capture, args, kwargs, draws=None) -> dict:
 
     views = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
     replay = rnd.torch_replay(draws) if draws is not None else None
+    dropped = graph_replay(masks.masks) if masks is not None and masks.masks else None
 
     class Recorder(torch.fx.Interpreter):
         def call_function(self, target, args, kwargs):
             if target in views:  # the capture dropped torch's contiguous() calls
                 target = torch.ops.aten.reshape.default
+            run = super().call_function
+            if dropped is not None:
+                run = functools.partial(dropped, run=run)
             if replay is not None:
-                return replay(target, args, kwargs, super().call_function)
-            return super().call_function(target, args, kwargs)
+                return replay(target, args, kwargs, run)
+            return run(target, args, kwargs)
 
         def run_node(self, n):
             result = super().run_node(n)
@@ -527,7 +536,8 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     before = {k: v.detach().clone() for k, v in torch_module.state_dict().items()}
     capture = t.plan.captures.get("train") or next(iter(t.plan.captures.values()))
     draws = rnd.Draws() if draws_noise(capture) else None
-    with _torch_precision(), torch.no_grad(), _torch_dropout_off(torch_module), _recording(draws):
+    with _torch_precision(), torch.no_grad(), _torch_dropout_off(torch_module), _recording(draws), \
+            torch_dropout("off", None, DropoutLog()):
         torch_out = torch_module(*args, **kwargs)
     torch_leaves = output_leaves(torch_out)
     after = torch_module.state_dict()
@@ -546,7 +556,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
             return m(*xs), nnx.state(m)
 
         try:
-            with _replay(draws):
+            with _replay(draws), FlaxMasks([], "off", False).nnx():
                 jax_out, state = jax.jit(step, compiler_options=FAST_COMPILE)(state, inputs)
         except rnd.DrawMismatch as e:
             return ParityReport([_draws_differ(e)], True, atol, rtol)

@@ -21,7 +21,7 @@ _DTYPES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np
            np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
 _NUMPY = {v: k for k, v in _DTYPES.items()}
 # What a translation's folder holds: an earlier one is replaced whole, other files are the user's.
-FILES = ("model.py", "weights.safetensors", "train_step.py", "parity.md")
+FILES = ("model.py", "weights.safetensors", "train_step.py", "train.py", "parity.md")
 
 
 def write_safetensors(path, arrays: dict, metadata: dict | None = None) -> None:

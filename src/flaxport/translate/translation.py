@@ -316,7 +316,8 @@ class Translation:
                           {"nnx_paths": json.dumps(paths), "mode": self.mode,
                            "torch_class": f"{self.torch_class.__module__}.{self.torch_class.__qualname__}"})
         if self.train_step is not None:
-            write_text(directory / "train_step.py", self.train_step.source)
+            for name, text in self.train_step.files.items():  # train_step.py, train.py
+                write_text(directory / name, text)
         write_text(directory / "parity.md", self.parity_markdown())
 
     def parity_markdown(self) -> str:

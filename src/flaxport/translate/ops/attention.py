@@ -14,6 +14,8 @@ def scaled_dot_product_attention(c, node):
     if p or p_other:  # torch's `dropout_p=p if self.training else 0.0`: an nnx.Dropout, off in eval mode
         rate = p or p_other
         kwargs["dropout"] = c.submodule("attention_dropout", f"nnx.Dropout({rate!r}, rngs=rngs)")
+        if p and p_other:  # a dropout_p whatever the mode: torch drops in eval mode too
+            kwargs["dropout"] = f"functools.partial({kwargs['dropout']}, deterministic=False)"
     if c.has("is_causal") and c.raw("is_causal"):
         kwargs["is_causal"] = "True"
     if c.has("scale") and c.raw("scale") is not None:

@@ -85,6 +85,8 @@ def dropout(c, node):
     ndim = c.val("input").ndim
     broadcast = f", broadcast_dims={tuple(range(2, ndim))!r}" if "feature" in str(node.target) and ndim > 2 else ""
     module = c.submodule("dropout", f"nnx.Dropout({rate!r}{broadcast}, rngs=rngs)")
+    if p and train and p_other and train_other:  # F.dropout(x, p, training=True): on in eval mode too, as in torch
+        return call(module.text, c.x("input"), deterministic="False")
     return call(module.text, c.x("input"))
 
 

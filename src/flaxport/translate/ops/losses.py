@@ -1,7 +1,7 @@
 """Loss functions (for `translate_function`): torch's reductions, ignore_index, label smoothing, stable BCE."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ADD, Expr, binary, call, op
+from flaxport.translate.ops import ADD, Expr, Outputs, binary, call, op
 
 _REDUCTION = {0: "none", 1: "mean", 2: "sum"}
 
@@ -80,3 +80,10 @@ def kl_div(c, node):
     else:
         loss = Expr(f"jax.scipy.special.xlogy({y}, {y}) - {y} * {x}")
     return _reduce(c, loss)
+
+
+@op("aten.multilabel_margin_loss_forward.default")
+def multilabel_margin_loss(c, node):
+    # (loss, is_target): is_target is only what torch's backward reads
+    return Outputs((call(c.helper("multilabel_margin_loss"), c.x("self"), c.x("target"), reduction=_reduction_kw(c)),
+                    None))

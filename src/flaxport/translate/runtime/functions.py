@@ -559,6 +559,19 @@ def nll_loss(log_probs, target, weight=None, reduction="mean", ignore_index=-100
     return _reduce(loss, reduction)
 
 
+def multilabel_margin_loss(x, target, reduction="mean"):
+    """torch's multilabel_margin_loss: x (N, C) or (C,) scores, target the same shape holding
+    class ids up to the first -1; each target's hinge against every non-target, over C."""
+    classes = x.shape[-1]
+    valid = jnp.cumprod(target != -1, axis=-1).astype(bool)
+    safe = jnp.where(valid, target, 0)
+    is_target = jnp.any(valid[..., :, None] & (safe[..., :, None] == jnp.arange(classes)), axis=-2)
+    picked = jnp.take_along_axis(x, safe, axis=-1)
+    hinge = jnp.maximum(0.0, 1.0 - picked[..., :, None] + x[..., None, :])
+    pairs = valid[..., :, None] & ~is_target[..., None, :]
+    return _reduce(jnp.sum(jnp.where(pairs, hinge, 0.0), axis=(-2, -1)) / classes, reduction)
+
+
 def cross_entropy(logits, target, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0):
     """torch's F.cross_entropy with class-id targets (log_softmax over axis 1, then nll_loss),
     or class-probability targets when target has the logits' shape."""
