@@ -73,8 +73,9 @@ def library_path() -> Path:
     try:
         done = subprocess.run(command + ["-o", tmp], capture_output=True, text=True)
         if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise RuntimeError(f"building {' and '.join(p.name for p in _SOURCES)} failed: {last}")
+            lines = done.stderr.strip().splitlines() or ["(no output)"]
+            first_error = next((line for line in lines if "error" in line), lines[-1]).strip()
+            raise RuntimeError(f"building {' and '.join(p.name for p in _SOURCES)} failed: {first_error}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
