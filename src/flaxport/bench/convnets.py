@@ -47,10 +47,11 @@ def jax_threads() -> int:
 
 
 class _Runs:
-    """Named callables timed in interleaved rounds: run(name) -> seconds of one call, synced."""
+    """Named callables timed in interleaved rounds: wall seconds of one call (synced), and the
+    process's CPU seconds (every thread's), which a loaded machine disturbs far less."""
 
     def __init__(self):
-        self.calls, self.first, self.seconds = {}, {}, {}
+        self.calls, self.first, self.seconds, self.cpu_seconds = {}, {}, {}, {}
 
     def add(self, name, call, sync):
         t0 = time.perf_counter()
@@ -60,18 +61,19 @@ class _Runs:
         t0 = time.perf_counter()
         sync(call())
         self.calls[name] = (call, sync, max(1, round(0.2 / max(time.perf_counter() - t0, 1e-6))))
-        self.seconds[name] = []
+        self.seconds[name], self.cpu_seconds[name] = [], []
 
     def round(self):
         for name, (call, sync, repeat) in self.calls.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(repeat):
                 out = call()
             sync(out)
             self.seconds[name].append((time.perf_counter() - t0) / repeat)
+            self.cpu_seconds[name].append((time.process_time() - c0) / repeat)
 
-    def median_ms(self, name):
-        return statistics.median(self.seconds[name]) * 1e3
+    def median_ms(self, name, cpu=False):
+        return statistics.median((self.cpu_seconds if cpu else self.seconds)[name]) * 1e3
 
 
 def time_translation(module, inputs, *, rounds: int = 10, train: bool = True, conv: str = "native",
@@ -176,7 +178,10 @@ def _figures(runs, train, torch_compile) -> dict:
            "rounds": len(runs.seconds["jax forward"])}
     for part in parts:
         torch_ms, jax_ms = runs.median_ms(f"torch {part}"), runs.median_ms(f"jax {part}")
-        out[part] = {"torch_ms": round(torch_ms, 3), "jax_ms": round(jax_ms, 3), "ratio": round(jax_ms / torch_ms, 3)}
+        torch_cpu, jax_cpu = runs.median_ms(f"torch {part}", cpu=True), runs.median_ms(f"jax {part}", cpu=True)
+        out[part] = {"torch_ms": round(torch_ms, 3), "jax_ms": round(jax_ms, 3), "ratio": round(jax_ms / torch_ms, 3),
+                     "torch_cpu_ms": round(torch_cpu, 3), "jax_cpu_ms": round(jax_cpu, 3),
+                     "cpu_ratio": round(jax_cpu / torch_cpu, 3)}
         if torch_compile:
             out[part]["torch_compile_ms"] = round(runs.median_ms(f"torch.compile {part}"), 3)
     return out
@@ -334,10 +339,11 @@ def _print_row(row, args):
     global _HEADER
     compile_cols = args.torch_compile
     if not _HEADER:
-        cols = ["model", "size", "torch fwd ms", "jax fwd ms", "fwd ratio"]
+        cols = ["model", "size", "torch fwd ms", "jax fwd ms", "fwd ratio", "cpu-time ratio"]
         cols += ["torch.compile fwd ms"] if compile_cols else []
         if not args.forward_only:
-            cols += ["torch step ms", "jax step ms", "step ratio"] + (["torch.compile step ms"] if compile_cols else [])
+            cols += ["torch step ms", "jax step ms", "step ratio", "cpu-time ratio"]
+            cols += ["torch.compile step ms"] if compile_cols else []
         print("| " + " | ".join(cols) + " |\n|" + "---|" * 2 + "---:|" * (len(cols) - 2), flush=True)
         _HEADER = True
     if "error" in row:
@@ -346,7 +352,7 @@ def _print_row(row, args):
     cells = [row["model"], str(row["size"])]
     for part in ("forward",) + (() if args.forward_only else ("step",)):
         f = row[part]
-        cells += [f"{f['torch_ms']:.1f}", f"{f['jax_ms']:.1f}", f"{f['ratio']:.2f}x"]
+        cells += [f"{f['torch_ms']:.1f}", f"{f['jax_ms']:.1f}", f"{f['ratio']:.2f}x", f"{f['cpu_ratio']:.2f}x"]
         cells += [f"{f['torch_compile_ms']:.1f}"] if compile_cols else []
     print("| " + " | ".join(cells) + " |", flush=True)
 
@@ -359,10 +365,12 @@ def main(argv=None) -> int:
           f"{args.rounds} interleaved rounds, {r['dtype']}; jax {r['jax']}, torch {r['torch']}; load average "
           f"{r['load_average_before'][0]:.1f} before, {r['load_average_after'][0]:.1f} after")
     for part in ("forward", "step"):
-        ratios = [row[part]["ratio"] for row in ok if part in row]
-        if ratios:
-            print(f"{part}: median ratio {statistics.median(ratios):.2f}x, worst {max(ratios):.2f}x "
-                  f"({max((row for row in ok if part in row), key=lambda row: row[part]['ratio'])['model']})")
+        for key, what in (("ratio", "wall-time"), ("cpu_ratio", "cpu-time")):
+            rows = [row for row in ok if part in row]
+            if rows:
+                worst = max(rows, key=lambda row: row[part][key])
+                print(f"{part} {what} ratio jax/torch: median {statistics.median(r[part][key] for r in rows):.2f}x, "
+                      f"worst {worst[part][key]:.2f}x ({worst['model']} at {worst['size']})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)
