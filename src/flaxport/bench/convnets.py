@@ -179,11 +179,11 @@ def _figures(runs, train, torch_compile) -> dict:
     for part in parts:
         torch_ms, jax_ms = runs.median_ms(f"torch {part}"), runs.median_ms(f"jax {part}")
         torch_cpu, jax_cpu = runs.median_ms(f"torch {part}", cpu=True), runs.median_ms(f"jax {part}", cpu=True)
-        out[part] = {"torch_ms": round(torch_ms, 3), "jax_ms": round(jax_ms, 3), "ratio": round(jax_ms / torch_ms, 3),
-                     "torch_cpu_ms": round(torch_cpu, 3), "jax_cpu_ms": round(jax_cpu, 3),
+        out[part] = {"torch_ms": round(torch_ms, 4), "jax_ms": round(jax_ms, 4), "ratio": round(jax_ms / torch_ms, 3),
+                     "torch_cpu_ms": round(torch_cpu, 4), "jax_cpu_ms": round(jax_cpu, 4),
                      "cpu_ratio": round(jax_cpu / torch_cpu, 3)}
         if torch_compile:
-            out[part]["torch_compile_ms"] = round(runs.median_ms(f"torch.compile {part}"), 3)
+            out[part]["torch_compile_ms"] = round(runs.median_ms(f"torch.compile {part}"), 4)
     return out
 
 
