@@ -141,7 +141,7 @@ _BROKEN_BUILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("env,reason", [({"CXX": "/bin/false"}, "building conv_cpu.cc and depthwise_cpu.cc failed"),
+@pytest.mark.parametrize("env,reason", [({"CXX": "/bin/false"}, "building conv_cpu.cc, pack_cpu.cc, depthwise_cpu.cc failed"),
                                         ({"FLAXPORT_NATIVE": "0"}, "FLAXPORT_NATIVE=0")])
 def test_no_kernels_means_pure_jax_and_one_line_saying_why(tmp_path, env, reason):
     full_env = {**os.environ, "FLAXPORT_CACHE": str(tmp_path), **env}

@@ -1,8 +1,8 @@
 """Native CPU kernels reached through the XLA FFI (`jax.ffi`), built on first use.
 
 `conv_cpu.cc` holds a direct NHWC convolution (forward and weight gradient; any stride,
-dilation, kernel size and group count) and `depthwise_cpu.cc` a depthwise one, both faster
-than XLA:CPU's own (docs/cpu.md). They are compiled once per machine, into one library,
+dilation, kernel size and group count; `pack_cpu.cc` lays its weights out) and
+`depthwise_cpu.cc` a depthwise one, both faster than XLA:CPU's own (docs/cpu.md). They are compiled once per machine, into one library,
 with the system C++ compiler against the FFI headers jaxlib ships, cached under
 `$FLAXPORT_CACHE` (default ~/.cache/flaxport/kernels), and registered with JAX for the CPU
 platform. Where no compiler is found or the build
@@ -19,9 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-_SOURCES = tuple(Path(__file__).with_name(name) for name in ("conv_cpu.cc", "depthwise_cpu.cc"))
-_HEADERS = (Path(__file__).with_name("simd.h"),)
+_SOURCES = tuple(Path(__file__).with_name(name) for name in ("conv_cpu.cc", "pack_cpu.cc", "depthwise_cpu.cc"))
+_HEADERS = tuple(Path(__file__).with_name(name) for name in ("simd.h", "weights.h"))
 _TARGETS = {"flaxport_conv_fwd": "FlaxportConvFwd", "flaxport_conv_dw": "FlaxportConvDw",
+            "flaxport_conv_pack": "FlaxportConvPack",
             "flaxport_depthwise_fwd": "FlaxportDepthwiseFwd", "flaxport_depthwise_dw": "FlaxportDepthwiseDw"}
 _state: dict = {}
 
@@ -75,7 +76,7 @@ def library_path() -> Path:
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines() or ["(no output)"]
             first_error = next((line for line in lines if "error" in line), lines[-1]).strip()
-            raise RuntimeError(f"building {' and '.join(p.name for p in _SOURCES)} failed: {first_error}")
+            raise RuntimeError(f"building {', '.join(p.name for p in _SOURCES)} failed: {first_error}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

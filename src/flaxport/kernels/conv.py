@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from flaxport import kernels
-from flaxport.kernels.ffi_conv import dense, depthwise
+from flaxport.kernels.ffi_conv import HWIO, OIHW, dense, depthwise
 
 
 def runs(x, weight, stride, padding, dilation, groups) -> bool:
@@ -36,8 +36,7 @@ def convolution(x, weight, stride, padding, dilation, groups):
     out_channels, group_in, kh, kw = weight.shape
     if groups == x.shape[-1] == out_channels and group_in == 1:
         return depthwise(x, weight[:, 0].transpose(1, 2, 0), pads, stride, dilation)  # (kh, kw, C)
-    w = weight.reshape(groups, out_channels // groups, group_in, kh, kw).transpose(0, 3, 4, 2, 1)
-    return dense(x, w, pads, stride, dilation)
+    return dense(x, weight, pads, stride, dilation, groups, OIHW)
 
 
 def supported(x_shape, kernel_shape, stride: int, padding: int, *dtypes) -> bool:
@@ -50,4 +49,4 @@ def native_conv2d(x, kernel, padding: int, stride: int = 1):
     """x (N, H, W, Cin), kernel (kh, kw, Cin, Cout) HWIO -> (N, Ho, Wo, Cout): torch's
     conv2d(stride, padding) in NHWC; check `supported` first."""
     pads = ((padding, padding), (padding, padding))
-    return dense(x, kernel[None], pads, (stride, stride), (1, 1))
+    return dense(x, kernel, pads, (stride, stride), (1, 1), 1, HWIO)

@@ -9,14 +9,16 @@
 // Two operations, both "valid" (the caller pads), float32, any stride, dilation, kernel
 // size and group count:
 //   flaxport_conv_fwd: x (N, Hp, Wp, Cin), w (G, B, kh, kw, Cin/G, 16V) -> y (N, Ho, Wo, G*Cog)
-//   flaxport_conv_dw:  x (N, Hp, Wp, Cin), dy (N, Ho, Wo, G*Cog) -> dw (G, B, kh, kw, Cin/G, 16V)
+//   flaxport_conv_dw:  x (N, Hp, Wp, Cin), dy (N, Ho, Wo, G*Cog) -> dw (G*Cog, Cin/G, kh, kw)
 // Cog (attribute group_out_channels) is the output channels of a group, held in B blocks of
-// V <= 4 vectors (16V channels): the caller pads w with zeros to B*16V channels and drops
-// dw's padding lanes. A block's weights are contiguous, so a tile streams them in order
-// (with 512 channels in a row, the hardware prefetcher lost track of 256 bytes read out of
-// every 2 KB). The input gradient is flaxport_conv_fwd of dy with the flipped kernel (in
-// JAX, ffi_conv.py). Work is split over XLA's intra-op thread pool.
+// V <= 4 vectors (16V channels), zeros past Cog: pack_cpu.cc packs torch's weights so, and
+// dw is written in torch's layout (or HWIO, attribute layout). A block's weights are
+// contiguous, so a tile streams them in order (with 512 channels in a row, the hardware
+// prefetcher lost track of 256 bytes read out of every 2 KB). The input gradient is
+// flaxport_conv_fwd of dy with the flipped kernel (in JAX, ffi_conv.py). Work is split over
+// XLA's intra-op thread pool.
 #include "simd.h"
+#include "weights.h"
 
 namespace flaxport {
 namespace {
@@ -192,15 +194,25 @@ ffi::Error ConvFwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
 }
 
 ffi::Error ConvDw(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dy,
-                  ffi::ResultBuffer<ffi::F32> dw, int64_t sh, int64_t sw, int64_t dh, int64_t dwl, int64_t cog) {
-  auto checked = shapes("flaxport_conv_dw", x.dimensions(), dw->dimensions(), dy.dimensions(), sh, sw, dh, dwl, cog);
+                  ffi::ResultBuffer<ffi::F32> dw, int64_t sh, int64_t sw, int64_t dh, int64_t dwl, int64_t cog,
+                  int64_t layout, int64_t groups, int64_t vectors) {
+  auto od = dw->dimensions();
+  WeightLayout lw;
+  if (od.size() != 4 || !WeightLayout::make(layout, od.begin(), &lw) || groups < 1 || vectors < 1 || vectors > 4 ||
+      (cog + kLanes - 1) / kLanes % vectors != 0)
+    return invalid("flaxport_conv_dw: bad weight layout or blocks");
+  const int64_t blocks = (cog + kLanes - 1) / kLanes / vectors, width = vectors * kLanes;
+  const int64_t packed_dims[6] = {groups, blocks, lw.kh, lw.kw, lw.in, width};
+  auto checked = shapes("flaxport_conv_dw", x.dimensions(), ffi::Span<const int64_t>(packed_dims, 6),
+                        dy.dimensions(), sh, sw, dh, dwl, cog);
   if (checked.has_error()) return checked.error();
   const Shapes s = checked.value();
-  const int64_t positions = s.kh * s.kw, taps = positions * s.cig, block_size = taps * s.vectors * kLanes;
+  if (lw.out != s.groups * cog) return invalid("flaxport_conv_dw: shapes do not fit");
+  const int64_t positions = s.kh * s.kw, taps = positions * s.cig, block_size = taps * width;
   const int64_t size = s.groups * s.blocks * block_size;
   float* out = dw->typed_data();
   if (s.n * s.ho * s.wo == 0) {  // an empty batch or image: the sum over no pixels
-    std::memset(out, 0, size * sizeof(float));
+    std::memset(out, 0, lw.out * lw.in * lw.kh * lw.kw * sizeof(float));
     return ffi::Error::Success();
   }
   const std::vector<int64_t> pos = s.positions();
@@ -208,9 +220,8 @@ ffi::Error ConvDw(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   for (int64_t p = 0; p < positions; ++p)
     for (int64_t c = 0; c < s.cig; ++c) off[p * s.cig + c] = pos[p] + c;
   const Chunks chunks(s.n, s.ho, s.wo);
-  // One partial per pixel group (the output itself when there is one group).
-  std::vector<float> partial(chunks.groups > 1 ? chunks.groups * size : 0, 0.0f);
-  if (chunks.groups == 1) std::memset(out, 0, size * sizeof(float));
+  // One partial sum per pixel group, in the kernel's blocks.
+  std::vector<float> partial(chunks.groups * size, 0.0f);
   // Tasks: a pixel group x a range of ~96 taps of one conv group, all its blocks of channels.
   // Each dw element is summed by one task, over its group's chunks in order.
   const int64_t tap_ranges = (taps + 95) / 96, tasks_per_part = s.groups * tap_ranges;
@@ -220,13 +231,13 @@ ffi::Error ConvDw(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   parallel_for(pool, chunks.groups * tasks_per_part, [&](int64_t task) {
     const int64_t part = task / tasks_per_part, g = (task % tasks_per_part) / tap_ranges, r = task % tap_ranges;
     const int64_t t0 = taps * r / tap_ranges, t1 = taps * (r + 1) / tap_ranges;
-    float* acc = (chunks.groups > 1 ? partial.data() + part * size : out) + g * s.blocks * block_size;
+    float* acc = partial.data() + part * size + g * s.blocks * block_size;
     chunks.for_group(part, s.n, s.ho, [&](int64_t img, int64_t images, int64_t h0, int64_t rows) {
       const Sweep sweep{images, rows, x_image, dy_image, x_row, s.sw * s.cin, s.wo, s.cout};
       const float* xr = xs + img * x_image + h0 * x_row + g * s.cig;
       const float* gr = gs + img * dy_image + h0 * s.wo * s.cout + g * s.cog;
       for (int64_t b = 0; b < s.blocks; ++b) {
-        const int64_t c0 = b * s.vectors * kLanes;
+        const int64_t c0 = b * width;
         with_channels(s, c0, [&](auto cb, auto partial, const Tail& tail) {
           constexpr int V = decltype(cb)::value;
           dw_taps<V, decltype(partial)::value>(xr, gr + c0, acc + b * block_size + t0 * V * kLanes,
@@ -235,7 +246,19 @@ ffi::Error ConvDw(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
       }
     });
   });
-  if (chunks.groups > 1) sum_partials(partial, chunks.groups, size, out);
+  // The partials added in order, out of the blocks into the caller's layout.
+  parallel_for(pool, s.groups * s.blocks, [&](int64_t gb) {
+    const int64_t g = gb / s.blocks, q0 = (gb % s.blocks) * width, outs = std::min(width, cog - q0);
+    const float* in = partial.data() + gb * block_size;
+    for (int64_t t = 0; t < taps; ++t, in += width) {
+      const int64_t p = t / s.cig, c = t % s.cig, r = p / s.kw, col = p % s.kw;
+      for (int64_t l = 0; l < outs; ++l) {
+        float sum = in[l];
+        for (int64_t part = 1; part < chunks.groups; ++part) sum += in[part * size + l];
+        out[lw.at(g * cog + q0 + l, c, r, col)] = sum;
+      }
+    }
+  });
   return ffi::Error::Success();
 }
 
@@ -261,4 +284,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlaxportConvDw, flaxport::ConvDw,
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>() FLAXPORT_CONV_ATTRS);
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>() FLAXPORT_CONV_ATTRS
+                                  .Attr<int64_t>("layout")
+                                  .Attr<int64_t>("groups")
+                                  .Attr<int64_t>("block_vectors"));

@@ -53,8 +53,8 @@ def _out_size(size, k, s, d):
 
 def _taps(w, taps, axis):
     """w's kernel taps `taps` (ascending, evenly spaced) along `axis`, in reverse order."""
-    step = taps[1] - taps[0] if len(taps) > 1 else 1
-    return lax.rev(lax.slice_in_dim(w, taps[0], taps[-1] + 1, step, axis), (axis,))
+    first, step = _steps(taps)
+    return lax.rev(lax.slice_in_dim(w, first, taps[-1] + 1, step, axis), (axis,))
 
 
 def _pad(x, pads):
@@ -62,6 +62,9 @@ def _pad(x, pads):
 
 
 # ----------------------------------------------------------------------------- dense and grouped
+OIHW, HWIO = 0, 1  # torch's weight layout (translated files), the workloads' Flax layout
+
+
 def channel_blocks(channels: int) -> tuple:
     """(B, V): a group's output channels as B blocks of V <= 4 vectors of 16, the widest V that
     divides the ceil(channels / 16) vectors (the kernel's register tile is V vectors wide)."""
@@ -70,66 +73,79 @@ def channel_blocks(channels: int) -> tuple:
     return vectors // width, width
 
 
-def _pack(w):
-    """(G, kh, kw, Ci, Co) -> (G, B, kh, kw, Ci, 16V): each block's weights contiguous, zeros past Co."""
-    g, kh, kw, ci, co = w.shape
-    blocks, width = channel_blocks(co)
-    w = jnp.pad(w, ((0, 0),) * 4 + ((0, blocks * width * LANES - co),))
-    return w.reshape(g, kh, kw, ci, blocks, width * LANES).transpose(0, 4, 1, 2, 3, 5)
+def _dims(w, layout):
+    """(O, I, kh, kw) of a weight in `layout`."""
+    return tuple(w.shape) if layout == OIHW else (w.shape[3], w.shape[2], w.shape[0], w.shape[1])
 
 
-def _unpack(packed, co):
-    """The inverse of _pack: (G, B, kh, kw, Ci, 16V) -> (G, kh, kw, Ci, Co)."""
-    g, blocks, kh, kw, ci, width = packed.shape
-    return packed.transpose(0, 2, 3, 4, 1, 5).reshape(g, kh, kw, ci, blocks * width)[..., :co]
+def _steps(taps):
+    """(first, step) of evenly spaced kernel taps, in the order given."""
+    return taps[0], (taps[1] - taps[0] if len(taps) > 1 else 1)
 
 
-def dense_forward(x_padded, w, stride, dilation):
-    """x_padded (N, Hp, Wp, G*Ci), w (G, kh, kw, Ci, Co) -> (N, Ho, Wo, G*Co), valid."""
+def pack(w, groups, layout, swap=False, rows=None, cols=None):
+    """w (O, I, kh, kw) in `layout` -> (G, B, len(rows), len(cols), Ci, 16V), the forward kernel's
+    blocks of output channels. swap: the input gradient's weights (in and out channels swapped in
+    each group); rows, cols: the kernel taps to take, in order (default all, ascending)."""
+    _require()
+    o, i, kh, kw = _dims(w, layout)
+    rows, cols = rows or tuple(range(kh)), cols or tuple(range(kw))
+    outs, ins = (i, o // groups) if swap else (o // groups, i)
+    blocks, width = channel_blocks(outs)
+    (r0, rs), (c0, cs) = _steps(rows), _steps(cols)
+    out = jax.ShapeDtypeStruct((groups, blocks, len(rows), len(cols), ins, width * LANES), jnp.float32)
+    return jax.ffi.ffi_call("flaxport_conv_pack", out, vmap_method="sequential")(
+        w, layout=np.int64(layout), swap=np.int64(swap), row_start=np.int64(r0), row_step=np.int64(rs),
+        col_start=np.int64(c0), col_step=np.int64(cs))
+
+
+def dense_forward(x_padded, packed, group_outputs, stride, dilation):
+    """x_padded (N, Hp, Wp, G*Ci), packed weights (G, B, kh, kw, Ci, 16V) -> (N, Ho, Wo, G*group_outputs), valid."""
     _require()
     n, hp, wp, _ = x_padded.shape
-    g, kh, kw, _, co = w.shape
+    g, _, kh, kw, _, _ = packed.shape
     out = jax.ShapeDtypeStruct((n, _out_size(hp, kh, stride[0], dilation[0]),
-                                _out_size(wp, kw, stride[1], dilation[1]), g * co), jnp.float32)
+                                _out_size(wp, kw, stride[1], dilation[1]), g * group_outputs), jnp.float32)
     # Under vmap (harness.vmap's stacked members) each member runs the kernel in turn:
     # the same sums, in the same order, as its own single run.
     return jax.ffi.ffi_call("flaxport_conv_fwd", out, vmap_method="sequential")(
-        x_padded, _pack(w), **_window(stride, dilation), group_out_channels=np.int64(co))
+        x_padded, packed, **_window(stride, dilation), group_out_channels=np.int64(group_outputs))
 
 
-def _dense_weight_gradient(x_padded, dy, w_shape, stride, dilation):
+def _dense_weight_gradient(x_padded, dy, w, groups, layout, stride, dilation):
     _require()
-    g, kh, kw, ci, co = w_shape
-    blocks, width = channel_blocks(co)
-    out = jax.ShapeDtypeStruct((g, blocks, kh, kw, ci, width * LANES), jnp.float32)
-    dw = jax.ffi.ffi_call("flaxport_conv_dw", out, vmap_method="sequential")(
-        x_padded, dy, **_window(stride, dilation), group_out_channels=np.int64(co))
-    return _unpack(dw, co)
+    group_outputs = _dims(w, layout)[0] // groups
+    out = jax.ShapeDtypeStruct(w.shape, jnp.float32)
+    return jax.ffi.ffi_call("flaxport_conv_dw", out, vmap_method="sequential")(
+        x_padded, dy, **_window(stride, dilation), group_out_channels=np.int64(group_outputs),
+        layout=np.int64(layout), groups=np.int64(groups), block_vectors=np.int64(channel_blocks(group_outputs)[1]))
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def dense(x, w, pads, stride, dilation):
-    """x (N, H, W, G*Ci), w (G, kh, kw, Ci, Co) -> (N, Ho, Wo, G*Co): a grouped convolution.
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
+def dense(x, w, pads, stride, dilation, groups, layout=OIHW):
+    """x (N, H, W, Cin), w (O, Cin/groups, kh, kw) (or HWIO) -> (N, Ho, Wo, O): torch's conv2d.
 
-    pads ((top, bottom), (left, right)), stride (sh, sw), dilation (dh, dw): torch's conv2d.
+    pads ((top, bottom), (left, right)), stride (sh, sw), dilation (dh, dw), groups.
     """
-    return dense_forward(_pad(x, pads), w, stride, dilation)
+    return dense_forward(_pad(x, pads), pack(w, groups, layout), _dims(w, layout)[0] // groups, stride, dilation)
 
 
-def _dense_fwd(x, w, pads, stride, dilation):
+def _dense_fwd(x, w, pads, stride, dilation, groups, layout):
     x_padded = _pad(x, pads)
-    return dense_forward(x_padded, w, stride, dilation), (x_padded, w, x.shape)
+    y = dense_forward(x_padded, pack(w, groups, layout), _dims(w, layout)[0] // groups, stride, dilation)
+    return y, (x_padded, w, x.shape)
 
 
-def _dense_bwd(pads, stride, dilation, residuals, dy):
+def _dense_bwd(pads, stride, dilation, groups, layout, residuals, dy):
     x_padded, w, x_shape = residuals
-    dw = _dense_weight_gradient(x_padded, dy, w.shape, stride, dilation)
+    dw = _dense_weight_gradient(x_padded, dy, w, groups, layout, stride, dilation)
+    _, group_inputs, kh, kw = _dims(w, layout)
 
-    def correlate(dy_padded, rows, cols, sub_dilation):
-        sub = _taps(_taps(w, rows, 1), cols, 2)  # (G, kh', kw', Ci, Co), flipped
-        return dense_forward(dy_padded, jnp.swapaxes(sub, 3, 4), (1, 1), sub_dilation)
+    def correlate(dy_padded, rows, cols, sub_dilation):  # flipped taps, in and out channels swapped
+        packed = pack(w, groups, layout, swap=True, rows=rows[::-1], cols=cols[::-1])
+        return dense_forward(dy_padded, packed, group_inputs, (1, 1), sub_dilation)
 
-    dx = input_gradient(dy, x_shape, w.shape[1:3], stride, dilation, pads, correlate)
+    dx = input_gradient(dy, x_shape, (kh, kw), stride, dilation, pads, correlate)
     return dx, dw
 
 
