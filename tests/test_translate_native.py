@@ -1,7 +1,7 @@
-"""translate(conv="native") / `--conv native`: the generated file runs the convolutions flaxport's
-CPU kernels can run on them (counted in the jaxpr), XLA's convolution runs the rest, the
-forward and three SGD steps match torch, and the file still runs where flaxport cannot be
-imported.
+"""translate's default conv="native": the generated file runs its float32 convolutions on flaxport's
+CPU kernels (counted in the jaxpr: strided, grouped, depthwise, dilated and unevenly padded
+ones too), the forward and three SGD steps match torch, conv="xla" writes XLA's convolution
+only, and the file still runs where flaxport cannot be imported.
 """
 import numpy as np
 import pytest
@@ -18,9 +18,8 @@ from torch.nn import functional as F  # noqa: E402
 
 
 class Mixed(nn.Module):
-    """Two convolutions the kernels run (3x3 and 5x5 'same', stride 1, 16 and 32 channels out, one
-    functional) and five they cannot (stride 2, groups, 10 channels out, padding that differs per
-    axis, dilation)."""
+    """Six convolutions of every kind the kernels run: 3x3 and 5x5 'same' (one functional), stride 2,
+    depthwise, 10 channels out with padding that differs per axis, dilation."""
 
     def __init__(self):
         super().__init__()
@@ -41,13 +40,14 @@ class Mixed(nn.Module):
 
 
 def _native_calls(t, x) -> int:
-    """How many of flaxport's forward kernels the float32 eval forward of t.model calls."""
+    """How many of flaxport's forward kernels (dense and depthwise) the float32 eval forward of t.model calls."""
     import jax
     from flax import nnx
 
     graphdef, state = nnx.split(t.model)
     jaxpr = jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x))(state, x)
-    return str(jaxpr).count("target_name=flaxport_conv_fwd")
+    text = str(jaxpr)
+    return text.count("target_name=flaxport_conv_fwd") + text.count("target_name=flaxport_depthwise_fwd")
 
 
 def test_the_cnn_runs_its_convolutions_on_the_kernels_and_matches_torch():
@@ -57,21 +57,22 @@ def test_the_cnn_runs_its_convolutions_on_the_kernels_and_matches_torch():
     from flaxport.translate import translate
 
     module, (x,) = zoo.make("cnn")
-    t = translate(module, x, conv="native")
+    t = zoo.translated("cnn")[2]  # the default: conv="native"
     assert t.report.ok, str(t.report)
     assert any("float64 figures check XLA's convolution" in n for n in t.notes)
     assert _native_calls(t, jnp.asarray(x.numpy())) == 2
     assert "from flaxport.kernels import conv as flaxport_conv" in t.source
-    assert "flaxport_conv" not in zoo.translated("cnn")[2].source  # the default file: XLA's convolution only
+    xla_only = translate(module, x, conv="xla", check=False).source
+    assert "flaxport_conv" not in xla_only and "from flaxport" not in xla_only
     with torch.no_grad():
         want = module(x).numpy()
     np.testing.assert_allclose(np.asarray(t.model(jnp.asarray(x.numpy()))), want, rtol=1e-5, atol=1e-5)
 
 
-def test_convolutions_the_kernels_cannot_run_go_to_xla_and_three_sgd_steps_match_torch():
-    """Forward proof, the two kernel calls among seven convolutions, and check_step's three SGD steps
-    in float32: the kernels' weight and input gradients against torch's (SGD, not Adam: Adam's
-    first steps turn float32 rounding of near-zero gradients into lr-sized differences)."""
+def test_every_kind_of_convolution_runs_on_the_kernels_and_three_sgd_steps_match_torch():
+    """Forward proof, six kernel calls for six convolutions, and check_step's three SGD steps in
+    float32: the kernels' weight and input gradients against torch's (SGD, not Adam: Adam's first
+    steps turn float32 rounding of near-zero gradients into lr-sized differences)."""
     import jax.numpy as jnp
 
     from flaxport.port import check_step
@@ -80,10 +81,10 @@ def test_convolutions_the_kernels_cannot_run_go_to_xla_and_three_sgd_steps_match
     torch.manual_seed(0)
     module = Mixed().train()
     x = torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(1))
-    t = translate(module, x, conv="native")
+    t = translate(module, x)
     assert t.report.ok, str(t.report)
     t.model.eval()
-    assert _native_calls(t, jnp.asarray(x.numpy())) == 2
+    assert _native_calls(t, jnp.asarray(x.numpy())) == 6
     t.model.train()
     targets = torch.randint(0, 4, (4,), generator=torch.Generator().manual_seed(2))
     report = check_step(module, torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9), F.cross_entropy, t,
@@ -116,16 +117,16 @@ def test_the_native_file_runs_where_flaxport_cannot_be_imported(tmp_path):
 
 
 def test_a_kernel_that_computes_something_else_fails_the_proof(monkeypatch):
-    """The float64 column runs XLA's convolution, so with conv="native" the float32 column is checked
-    too: a kernel 1% off is caught at the first convolution."""
+    """The float64 column runs XLA's convolution, so where the file runs the kernels the float32 column
+    is checked too: a kernel 1% off is caught at the first convolution."""
     import translate_zoo as zoo
     from flaxport.kernels import conv as kernel_conv
     from flaxport.translate import translate
 
-    right = kernel_conv.native_conv2d
-    monkeypatch.setattr(kernel_conv, "native_conv2d", lambda x, kernel, padding: right(x, kernel, padding) * 1.01)
+    right = kernel_conv.convolution
+    monkeypatch.setattr(kernel_conv, "convolution", lambda *args: right(*args) * 1.01)
     module, (x,) = zoo.make("cnn")
-    report = translate(module, x, conv="native").report
+    report = translate(module, x).report
     assert not report.ok and report.first_divergence.torch_name == "conv1", str(report)
     assert "on flaxport's kernels" in report.first_divergence.note
 

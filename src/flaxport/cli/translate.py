@@ -10,8 +10,8 @@ without running anything: .safetensors, or a torch file through torch.load(weigh
 `2,3,32,32` (float32 from N(0, 1)), `2,7:int64` (token ids drawn below the smallest
 nn.Embedding's size, else below 2), also float64, int32, bool.
 
-Writes DIR/model.py (imports only jax, flax, numpy and the standard library; `load(DIR)`;
-with --conv native also flaxport's CPU convolution kernels, where flaxport is installed),
+Writes DIR/model.py (imports only jax, flax, numpy and the standard library, and
+flaxport's CPU convolution kernels where flaxport is installed, unless --conv xla; `load(DIR)`),
 DIR/weights.safetensors (torch's state_dict names) and DIR/parity.md, and prints a summary.
 With --optimizer and --loss (texts read with `ast`, never run: a torch.optim class and a
 torch.nn loss, literal keyword arguments) it also writes DIR/train_step.py, the jitted train
@@ -45,9 +45,9 @@ def add_parser(sub):
     p.add_argument("--weights", default=None, metavar="FILE", help="load these torch weights first (.pt, .safetensors)")
     p.add_argument("--layout", default="nchw", choices=("nchw", "nhwc"),
                    help="nchw: torch's layout (default); nhwc: image models keep channels last inside")
-    p.add_argument("--conv", default="xla", choices=("xla", "native"),
-                   help="xla: XLA's convolutions (default); native: model.py runs the convolutions flaxport's "
-                        "CPU kernels can on them where flaxport is installed (docs/translate.md)")
+    p.add_argument("--conv", default="native", choices=("native", "xla"),
+                   help="native (default): model.py runs its convolutions on flaxport's CPU kernels where flaxport "
+                        "is installed, XLA's elsewhere; xla: XLA's convolutions only (docs/translate.md)")
     p.add_argument("--train", action="store_true", help="the model starts in train mode (torch's module.train())")
     p.add_argument("--optimizer", default=None, metavar="TEXT",
                    help='also write train_step.py (with this torch optimizer as optax) and train.py, e.g. '

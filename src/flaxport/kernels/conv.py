@@ -1,80 +1,52 @@
-"""Stride-1 NHWC convolution on the native CPU kernels, with a JAX custom_vjp.
+"""Convolutions on flaxport's native CPU kernels: torch's conv1d/conv2d in channels-last.
 
-forward:          y  = conv_fwd(pad(x), w)
-input gradient:   dx = conv_fwd(pad(dy, k-1-p), flip(w).swap(cin, cout))
-weight gradient:  dw = conv_dw(pad(x), dy)
-All three are the same sums as `lax.conv_general_dilated` and its transposes, in another
-order; float32 rounding differs at the 1e-6 relative level.
+`convolution` takes torch's arguments (the weight in torch's layout) and picks the kernel:
+a depthwise convolution (groups = input = output channels) runs on the depthwise kernel,
+every other 1-D or 2-D one (any stride, dilation, padding, kernel size and group count) on
+the dense one. `runs` says whether it can here: on a CPU, in float32, with the kernels
+built. Generated model files (`translate`) call both; the workloads call `native_conv2d`.
 """
 from __future__ import annotations
-
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 
 from flaxport import kernels
+from flaxport.kernels.ffi_conv import HWIO, OIHW, dense, depthwise
 
 
-def supported(x_shape, kernel_shape, stride: int, padding: int, *dtypes) -> bool:
-    """Whether native_conv2d can run this convolution: CPU, float32 input and kernel,
-    stride 1, square kernel, output channels a multiple of 16, and the kernels built."""
-    kh, kw, cin, cout = kernel_shape
-    return (stride == 1 and kh == kw and padding <= kh - 1 and cout % 16 == 0
-            and all(jnp.dtype(d) == jnp.float32 for d in dtypes) and jax.default_backend() == "cpu"
+def runs(x, weight, stride, padding, dilation, groups) -> bool:
+    """Whether `convolution` runs this convolution on the kernels: 1-D or 2-D, float32 x and
+    weight, on a CPU, with the kernels built (and padding of at least 0)."""
+    n = weight.ndim - 2
+    return (n in (1, 2) and x.dtype == jnp.float32 and weight.dtype == jnp.float32
+            and all(p >= 0 for side in padding for p in side) and jax.default_backend() == "cpu"
             and kernels.available())
 
 
-def _pad(x, p: int):
-    return jnp.pad(x, ((0, 0), (p, p), (p, p), (0, 0))) if p else x
+def convolution(x, weight, stride, padding, dilation, groups):
+    """x (N, *S, C), weight (O, C/groups, *K) in torch's layout -> (N, *S', O), for 1 or 2 spatial axes.
 
-
-def _require():
-    if not kernels.available():
-        raise RuntimeError(f"native CPU conv kernels unavailable: {kernels.unavailable_reason()}")
-
-
-def _fwd_call(x_padded, kernel):
-    _require()
-    n, hp, wp, _ = x_padded.shape
-    k, cout = kernel.shape[0], kernel.shape[3]
-    out = jax.ShapeDtypeStruct((n, hp - k + 1, wp - k + 1, cout), jnp.float32)
-    # Under vmap (harness.vmap's stacked members) each member runs the kernel in turn:
-    # the same sums, in the same order, as its own single run.
-    return jax.ffi.ffi_call("flaxport_conv_fwd", out, vmap_method="sequential")(x_padded, kernel)
-
-
-def _dw_call(x_padded, grad_out, k: int):
-    _require()
-    out = jax.ShapeDtypeStruct((k, k, x_padded.shape[3], grad_out.shape[3]), jnp.float32)
-    return jax.ffi.ffi_call("flaxport_conv_dw", out, vmap_method="sequential")(x_padded, grad_out)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def native_conv2d(x, kernel, padding: int):
-    """x (N, H, W, Cin), kernel (k, k, Cin, Cout) -> (N, H+2p-k+1, W+2p-k+1, Cout).
-
-    torch's conv2d(stride=1, padding=p) in NHWC; check `supported` first.
+    stride, dilation: one int per axis; padding: (low, high) per axis. Check `runs` first.
     """
-    return _fwd_call(_pad(x, padding), kernel)
+    if weight.ndim == 3:  # 1-D: one row of a 2-D image
+        y = convolution(x[:, None], weight[:, :, None], (1, *stride), [(0, 0), *padding], (1, *dilation), groups)
+        return y[:, 0]
+    stride, dilation, pads = tuple(stride), tuple(dilation), tuple(tuple(p) for p in padding)
+    out_channels, group_in, kh, kw = weight.shape
+    if groups == x.shape[-1] == out_channels and group_in == 1:
+        return depthwise(x, weight[:, 0].transpose(1, 2, 0), pads, stride, dilation)  # (kh, kw, C)
+    return dense(x, weight, pads, stride, dilation, groups, OIHW)
 
 
-def _native_fwd(x, kernel, padding):
-    x_padded = _pad(x, padding)
-    return _fwd_call(x_padded, kernel), (x_padded, kernel)
+def supported(x_shape, kernel_shape, stride: int, padding: int, *dtypes) -> bool:
+    """Whether native_conv2d can run this convolution: float32 x and kernel on a CPU, the kernels built."""
+    return (all(jnp.dtype(d) == jnp.float32 for d in dtypes) and jax.default_backend() == "cpu"
+            and kernels.available())
 
 
-def _native_bwd(padding, residuals, grad_out):
-    x_padded, kernel = residuals
-    k, cin = kernel.shape[0], kernel.shape[2]
-    grad_kernel = _dw_call(x_padded, grad_out, k)
-    flipped = jnp.transpose(kernel[::-1, ::-1], (0, 1, 3, 2))
-    if cin % 16 == 0:
-        grad_x = _fwd_call(_pad(grad_out, k - 1 - padding), flipped)
-    else:  # e.g. an RGB input (whose gradient is usually unused, and then dropped by XLA)
-        grad_x = jax.lax.conv_general_dilated(_pad(grad_out, k - 1 - padding), flipped, (1, 1), "VALID",
-                                              dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    return grad_x, grad_kernel
-
-
-native_conv2d.defvjp(_native_fwd, _native_bwd)
+def native_conv2d(x, kernel, padding: int, stride: int = 1):
+    """x (N, H, W, Cin), kernel (kh, kw, Cin, Cout) HWIO -> (N, Ho, Wo, Cout): torch's
+    conv2d(stride, padding) in NHWC; check `supported` first."""
+    pads = ((padding, padding), (padding, padding))
+    return dense(x, kernel, pads, (stride, stride), (1, 1), 1, HWIO)

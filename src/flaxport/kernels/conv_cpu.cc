@@ -1,286 +1,290 @@
 // Direct (implicit-GEMM) NHWC convolution for XLA:CPU, called through the XLA FFI.
 //
 // Why: XLA:CPU in jaxlib 0.10 lowers a convolution to YNNPACK or to Eigen, both slower
-// here than oneDNN's direct convolution in PyTorch; the pure-JAX im2col form spends
-// more time writing and reading the patch matrix than multiplying it (README, "CNN
-// speed"). These kernels never materialise patches: each output tile keeps its sums in
-// vector registers while the 3x3 (any k x k) window streams past.
+// here than oneDNN's direct convolution in PyTorch (grouped ones 10-100x slower); the
+// pure-JAX im2col form spends more time writing and reading the patch matrix than
+// multiplying it (docs/cpu.md). These kernels never materialise patches: each output
+// tile keeps its sums in vector registers while the kh x kw window streams past.
 //
-// Two operations, both "valid" (the caller pads) and stride 1, float32:
-//   flaxport_conv_fwd: x (N, Hp, Wp, Cin), w (k, k, Cin, Cout) -> y (N, Hp-k+1, Wp-k+1, Cout)
-//   flaxport_conv_dw:  x (N, Hp, Wp, Cin), dy (N, Ho, Wo, Cout) -> dw (k, k, Cin, Cout)
-// The input gradient is flaxport_conv_fwd of the padded dy with the flipped, transposed
-// kernel (done in JAX). Cout must be a multiple of 16 (the caller falls back otherwise).
-//
-// Vectors are GCC vector extensions, so one source compiles to AVX-512, AVX2 or NEON
-// with -march=native. Work is split over XLA's intra-op thread pool.
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <thread>
-#include <type_traits>
-#include <vector>
+// Two operations, both "valid" (the caller pads), float32, any stride, dilation, kernel
+// size and group count:
+//   flaxport_conv_fwd: x (N, Hp, Wp, Cin), w (G, B, kh, kw, Cin/G, 16V) -> y (N, Ho, Wo, G*Cog)
+//   flaxport_conv_dw:  x (N, Hp, Wp, Cin), dy (N, Ho, Wo, G*Cog) -> dw (G*Cog, Cin/G, kh, kw)
+// Cog (attribute group_out_channels) is the output channels of a group, held in B blocks of
+// V <= 4 vectors (16V channels), zeros past Cog: pack_cpu.cc packs torch's weights so, and
+// dw is written in torch's layout (or HWIO, attribute layout). A block's weights are
+// contiguous, so a tile streams them in order (with 512 channels in a row, the hardware
+// prefetcher lost track of 256 bytes read out of every 2 KB). The input gradient is
+// flaxport_conv_fwd of dy with the flipped kernel (in JAX, ffi_conv.py). Work is split over
+// XLA's intra-op thread pool.
+#include "simd.h"
+#include "weights.h"
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
-
+namespace flaxport {
 namespace {
 
-constexpr int kLanes = 16;
-typedef float vec __attribute__((vector_size(kLanes * sizeof(float))));
-typedef float vec_u __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
+// Register tile: R pixels (or taps) x CB vectors of accumulators, plus CB weights and a
+// broadcast, within 32 vector registers.
+template <int CB>
+constexpr int kTile = CB == 1 ? 14 : CB == 2 ? 12 : CB == 3 ? 8 : 6;
 
-inline vec load(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
-
-// One float to every lane, straight from memory: `vec{} + *p` makes GCC load a scalar and
-// broadcast register to register, a shuffle on the FMA ports (Zen 4); the memory form
-// runs on the load ports. With it and 12-wide tiles, the weight gradient of 32-channel
-// convs went from ~150 to ~200 GFLOP/s (README, "The DDIM").
-inline vec broadcast(const float* p) {
-#ifdef __AVX512F__
-  return reinterpret_cast<vec>(_mm512_set1_ps(*p));
-#else
-  return vec{} + *p;
-#endif
-}
-inline void store(float* p, vec v) { *reinterpret_cast<vec_u*>(p) = v; }
-
-// Run body(i) for i in [0, n) on the caller and the pool's threads. Late pool tasks find
-// nothing left and return without touching `body`; the caller waits only for items that
-// were claimed, so a busy or one-thread pool cannot deadlock.
-template <class Body>
-void parallel_for(ffi::ThreadPool& pool, int64_t n, const Body& body) {
-  const int64_t threads = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), n);
-  if (threads <= 1) {
-    for (int64_t i = 0; i < n; ++i) body(i);
-    return;
-  }
-  struct State {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto state = std::make_shared<State>();
-  auto work = [state, n, &body]() {
-    for (int64_t i; (i = state->next.fetch_add(1)) < n;) {
-      body(i);
-      state->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t t = 1; t < threads; ++t) pool.Schedule([state, work]() { work(); });
-  work();
-  while (state->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
-}
-
-// Offsets, in floats from a pixel's first channel, of the K = k*k*Cin window taps.
-std::vector<int64_t> tap_offsets(int64_t k, int64_t wp, int64_t cin) {
-  std::vector<int64_t> off(k * k * cin);
-  for (int64_t i = 0; i < k; ++i)
-    for (int64_t j = 0; j < k; ++j)
-      for (int64_t c = 0; c < cin; ++c) off[(i * k + j) * cin + c] = (i * wp + j) * cin + c;
-  return off;
-}
-
-// f(std::integral_constant<int, N>{}) for the runtime n, 1 <= n < Max: register tiles
-// need their sizes at compile time, row tails and channel blocks know them at run time.
-template <int Max, int N = 1, class F>
-void with_size(int64_t n, const F& f) {
-  if constexpr (N < Max) {
-    if (n == N) f(std::integral_constant<int, N>{});
-    else with_size<Max, N + 1>(n, f);
-  }
-}
-
-// y[r, 0:CB*16] = sum_t x[r*cin + off[t]] * w[t, 0:CB*16] for RW consecutive pixels r.
-// The taps come in k*k runs of cin consecutive offsets (one per kernel position), so
-// the inner loop walks a run with a pointer instead of reading off[t] per tap.
-template <int RW, int CB>
-void fwd_tile(const float* x, const float* w, float* y, const int64_t* off, int64_t taps,
-              int64_t cin, int64_t cout) {
-  vec acc[RW][CB] = {};
-  for (int64_t t0 = 0; t0 < taps; t0 += cin) {
-    const float* xt = x + off[t0];
-    const float* wt = w + t0 * cout;
-    for (int64_t c = 0; c < cin; ++c, ++xt, wt += cout) {
+// y[r, 0:CB*16] = sum over kernel positions p and group channels c of
+// x[pixel r's window + off[p] + c] * w[p, c, 0:CB*16], for R output pixels r anywhere in
+// the batch (a tile may cross rows and images, so small images still fill the registers).
+template <int R, int CB, bool Partial>
+void fwd_tile(const float* const* xr, const float* w, float* const* yr, const int64_t* off, int64_t positions,
+              int64_t cig, const Tail& tail) {
+  vec acc[R][CB] = {};
+  for (int64_t p = 0; p < positions; ++p) {
+    const float* wt = w + p * cig * CB * kLanes;
+    const int64_t o = off[p];
+    for (int64_t c = 0; c < cig; ++c, wt += CB * kLanes) {
       vec wv[CB];
       for (int b = 0; b < CB; ++b) wv[b] = load(wt + b * kLanes);
-      for (int r = 0; r < RW; ++r) {
-        vec xv = broadcast(xt + r * cin);
+      for (int r = 0; r < R; ++r) {
+        vec xv = broadcast(xr[r] + o + c);
         for (int b = 0; b < CB; ++b) acc[r][b] += xv * wv[b];
       }
     }
   }
-  for (int r = 0; r < RW; ++r)
-    for (int b = 0; b < CB; ++b) store(y + r * cout + b * kLanes, acc[r][b]);
+  for (int r = 0; r < R; ++r) {
+    for (int b = 0; b < CB - 1; ++b) store(yr[r] + b * kLanes, acc[r][b]);
+    store_last<Partial>(yr[r] + (CB - 1) * kLanes, acc[r][CB - 1], tail);
+  }
 }
 
-// Register tile: RW pixels (or taps) x CB vectors of accumulators, plus CB weights and a
-// broadcast, within 32 vector registers.
-template <int CB>
-constexpr int kRowTile = CB == 1 ? 14 : CB == 2 ? 12 : CB == 3 ? 8 : 6;
+// Where output pixels live: pixel m of the flattened (n, ho, wo) output reads its window
+// from x + x_at(m) and writes y + y_at(m).
+struct PixelMap {
+  const float* x;
+  float* y;
+  int64_t ho, wo, x_image, x_row, x_col, cout;
+  const float* x_at(int64_t m) const {
+    const int64_t img = m / (ho * wo), rest = m % (ho * wo);
+    return x + img * x_image + (rest / wo) * x_row + (rest % wo) * x_col;
+  }
+  float* y_at(int64_t m) const { return y + m * cout; }
+};
 
-template <int CB>
-void fwd_row(const float* x, const float* w, float* y, const int64_t* off, int64_t taps,
-             int64_t cin, int64_t cout, int64_t wo) {
-  constexpr int RW = kRowTile<CB>;
-  int64_t c = 0;
-  for (; c + RW <= wo; c += RW) fwd_tile<RW, CB>(x + c * cin, w, y + c * cout, off, taps, cin, cout);
-  with_size<RW>(wo - c, [&](auto tail) {  // the row's last pixels
-    fwd_tile<decltype(tail)::value, CB>(x + c * cin, w, y + c * cout, off, taps, cin, cout);
+template <int CB, bool Partial>
+void fwd_pixels(const PixelMap& map, int64_t first, int64_t last, const float* w, const int64_t* off,
+                int64_t positions, int64_t cig, const Tail& tail) {
+  constexpr int R = kTile<CB>;
+  const float* xr[R];
+  float* yr[R];
+  int64_t m = first;
+  for (; m + R <= last; m += R) {
+    for (int r = 0; r < R; ++r) xr[r] = map.x_at(m + r), yr[r] = map.y_at(m + r);
+    fwd_tile<R, CB, Partial>(xr, w, yr, off, positions, cig, tail);
+  }
+  with_size<R>(last - m, [&](auto rest) {  // the last pixels
+    constexpr int RR = decltype(rest)::value;
+    for (int r = 0; r < RR; ++r) xr[r] = map.x_at(m + r), yr[r] = map.y_at(m + r);
+    fwd_tile<RR, CB, Partial>(xr, w, yr, off, positions, cig, tail);
   });
 }
 
-// dw[t, 0:CB*16] += sum over pixels p of x[p*cin + off[t]] * dy[p, 0:CB*16], for RT taps t,
-// over `rows` output rows of each of `images` consecutive images.
-template <int RT, int CB>
-void dw_tile(const float* x, const float* dy, float* dw, const int64_t* off, int64_t images, int64_t rows,
-             int64_t x_image, int64_t dy_image, int64_t wo, int64_t wp, int64_t cin, int64_t cout) {
-  vec acc[RT][CB] = {};
-  for (int64_t m = 0; m < images; ++m)
-    for (int64_t h = 0; h < rows; ++h) {
-      const float* xr = x + m * x_image + h * wp * cin;
-      const float* dyr = dy + m * dy_image + h * wo * cout;
-      for (int64_t c = 0; c < wo; ++c) {
+// The output pixels a weight-gradient sweep reads: `rows` rows of `images` images.
+struct Sweep {
+  int64_t images, rows, x_image, dy_image, x_row, x_col, wo, cout;
+};
+
+// dw[t, 0:CB*16] += sum over the sweep's pixels of x[pixel + off[t]] * dy[pixel, 0:CB*16],
+// for R taps t (a tap: a kernel position and a group channel).
+template <int R, int CB, bool Partial>
+void dw_tile(const float* x, const float* dy, float* dw, const int64_t* off, const Sweep& s, const Tail& tail) {
+  vec acc[R][CB] = {};
+  for (int64_t m = 0; m < s.images; ++m)
+    for (int64_t h = 0; h < s.rows; ++h) {
+      const float* xr = x + m * s.x_image + h * s.x_row;
+      const float* dyr = dy + m * s.dy_image + h * s.wo * s.cout;
+      for (int64_t c = 0; c < s.wo; ++c) {
         vec g[CB];
-        for (int b = 0; b < CB; ++b) g[b] = load(dyr + c * cout + b * kLanes);
-        const float* xp = xr + c * cin;
-        for (int t = 0; t < RT; ++t) {
+        for (int b = 0; b < CB - 1; ++b) g[b] = load(dyr + c * s.cout + b * kLanes);
+        g[CB - 1] = load_last<Partial>(dyr + c * s.cout + (CB - 1) * kLanes, tail);
+        const float* xp = xr + c * s.x_col;
+        for (int t = 0; t < R; ++t) {
           vec xv = broadcast(xp + off[t]);
           for (int b = 0; b < CB; ++b) acc[t][b] += xv * g[b];
         }
       }
     }
-  for (int t = 0; t < RT; ++t)
+  for (int t = 0; t < R; ++t)
     for (int b = 0; b < CB; ++b) {
-      float* d = dw + t * cout + b * kLanes;
+      float* d = dw + (t * CB + b) * kLanes;
       store(d, load(d) + acc[t][b]);
     }
 }
 
-template <int CB>
-void dw_rows(const float* x, const float* dy, float* dw, const int64_t* off, int64_t taps, int64_t images,
-             int64_t rows, int64_t x_image, int64_t dy_image, int64_t wo, int64_t wp, int64_t cin, int64_t cout) {
-  constexpr int RT = kRowTile<CB>;
+template <int CB, bool Partial>
+void dw_taps(const float* x, const float* dy, float* dw, const int64_t* off, int64_t taps, const Sweep& s,
+             const Tail& tail) {
+  constexpr int R = kTile<CB>;
   int64_t t = 0;
-  for (; t + RT <= taps; t += RT)
-    dw_tile<RT, CB>(x, dy, dw + t * cout, off + t, images, rows, x_image, dy_image, wo, wp, cin, cout);
-  with_size<RT>(taps - t, [&](auto tail) {  // the last taps
-    dw_tile<decltype(tail)::value, CB>(x, dy, dw + t * cout, off + t, images, rows, x_image, dy_image, wo, wp,
-                                       cin, cout);
+  for (; t + R <= taps; t += R) dw_tile<R, CB, Partial>(x, dy, dw + t * CB * kLanes, off + t, s, tail);
+  with_size<R>(taps - t, [&](auto rest) {  // the last taps
+    dw_tile<decltype(rest)::value, CB, Partial>(x, dy, dw + t * CB * kLanes, off + t, s, tail);
   });
 }
 
-// f(c0, std::integral_constant<int, CB>{}) for output channels in groups of CB <= 4
-// vectors (64 channels, the widest register tile), as even as possible: 96 channels run
-// as 3 + 3 vectors, not 4 + 2.
-template <class F>
-void for_channel_blocks(int64_t cout, const F& f) {
-  const int64_t vectors = cout / kLanes, groups = (vectors + 3) / 4;
-  for (int64_t g = 0, c0 = 0; g < groups; ++g) {
-    const int64_t blocks = vectors * (g + 1) / groups - vectors * g / groups;
-    with_size<5>(blocks, [&](auto cb) { f(c0, cb); });
-    c0 += blocks * kLanes;
+struct Shapes {
+  int64_t n, hp, wp, cin, groups, blocks, kh, kw, cig, vectors, cog, cout, ho, wo, sh, sw, dh, dw;
+
+  // Offsets, in floats from a window's first cell, of each kernel position (i, j).
+  std::vector<int64_t> positions() const {
+    std::vector<int64_t> off(kh * kw);
+    for (int64_t i = 0; i < kh; ++i)
+      for (int64_t j = 0; j < kw; ++j) off[i * kw + j] = (i * dh * wp + j * dw) * cin;
+    return off;
   }
+};
+
+// f(V, Partial, tail), V and Partial as compile-time constants, for the block of channels
+// [c0, c0 + 16V) of a group, with the tail of its last vector.
+template <class F>
+void with_channels(const Shapes& s, int64_t c0, const F& f) {
+  const Tail tail(static_cast<int>(std::min<int64_t>(kLanes, s.cog - c0 - (s.vectors - 1) * kLanes)));
+  with_block<4>(s.vectors, [&](auto cb) { with_tail(tail, [&](auto partial) { f(cb, partial, tail); }); });
 }
 
-ffi::Error check_shapes(int64_t cout, const char* what) {
-  if (cout % kLanes != 0)
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      std::string(what) + ": output channels must be a multiple of 16");
-  return ffi::Error::Success();
+// The shapes of x (N, Hp, Wp, Cin), w or dw (G, B, kh, kw, Cin/G, 16V) and y or dy (N, Ho, Wo,
+// G*Cog) with the window attributes, or why they do not fit together.
+ffi::ErrorOr<Shapes> shapes(const char* op, ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
+                            ffi::Span<const int64_t> yd, int64_t sh, int64_t sw, int64_t dh, int64_t dwl,
+                            int64_t cog) {
+  if (xd.size() != 4 || wd.size() != 6 || yd.size() != 4 || sh < 1 || sw < 1 || dh < 1 || dwl < 1)
+    return ffi::Unexpected(invalid(std::string(op) + ": bad ranks or window"));
+  Shapes s{xd[0], xd[1], xd[2], xd[3], wd[0], wd[1], wd[2], wd[3], wd[4], wd[5] / kLanes, cog, yd[3], yd[1], yd[2],
+           sh, sw, dh, dwl};
+  if (s.cig * s.groups != s.cin || wd[5] % kLanes != 0 || s.vectors < 1 || s.vectors > 4 || cog < 1 ||
+      cog > s.blocks * wd[5] || cog <= s.blocks * wd[5] - kLanes || s.groups * cog != s.cout || yd[0] != s.n ||
+      window_out(s.hp, s.kh, sh, dh) != s.ho || window_out(s.wp, s.kw, sw, dwl) != s.wo)
+    return ffi::Unexpected(invalid(std::string(op) + ": shapes do not fit"));
+  return s;
 }
 
 ffi::Error ConvFwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                   ffi::ResultBuffer<ffi::F32> y) {
-  auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 4 || wd.size() != 4 || wd[0] != wd[1] || wd[2] != xd[3])
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "flaxport_conv_fwd: bad shapes");
-  const int64_t n = xd[0], hp = xd[1], wp = xd[2], cin = xd[3], k = wd[0], cout = wd[3];
-  if (auto e = check_shapes(cout, "flaxport_conv_fwd"); e.failure()) return e;
-  const int64_t ho = hp - k + 1, wo = wp - k + 1, taps = k * k * cin;
-  const std::vector<int64_t> off = tap_offsets(k, wp, cin);
-  const float* xs = x.typed_data();
-  const float* ws = w.typed_data();
-  float* ys = y->typed_data();
-  parallel_for(pool, n * ho, [&](int64_t row) {
-    const int64_t img = row / ho, h = row % ho;
-    const float* xr = xs + (img * hp + h) * wp * cin;
-    float* yr = ys + row * wo * cout;
-    for_channel_blocks(cout, [&](int64_t c0, auto cb) {
-      fwd_row<decltype(cb)::value>(xr, ws + c0, yr + c0, off.data(), taps, cin, cout, wo);
+                   ffi::ResultBuffer<ffi::F32> y, int64_t sh, int64_t sw, int64_t dh, int64_t dwl, int64_t cog) {
+  auto checked = shapes("flaxport_conv_fwd", x.dimensions(), w.dimensions(), y->dimensions(), sh, sw, dh, dwl, cog);
+  if (checked.has_error()) return checked.error();
+  const Shapes s = checked.value();
+  const int64_t pixels = s.n * s.ho * s.wo;
+  if (pixels == 0) return ffi::Error::Success();
+  const std::vector<int64_t> off = s.positions();
+  const int64_t positions = s.kh * s.kw, block_weights = positions * s.cig * s.vectors * kLanes;
+  const PixelMap map{x.typed_data(), y->typed_data(), s.ho, s.wo, s.hp * s.wp * s.cin, s.sh * s.wp * s.cin,
+                     s.sw * s.cin, s.cout};
+  // Tasks: ~256 output pixels of one block of channels. A block's tasks are consecutive, so
+  // they reuse its weights from L2 (a 512x512 3x3 conv's weights are 9 MB).
+  constexpr int64_t kTaskPixels = 256;
+  const int64_t pixel_tasks = (pixels + kTaskPixels - 1) / kTaskPixels;
+  parallel_for(pool, s.groups * s.blocks * pixel_tasks, [&](int64_t task) {
+    const int64_t block = task / pixel_tasks, g = block / s.blocks, c0 = (block % s.blocks) * s.vectors * kLanes;
+    const int64_t first = (task % pixel_tasks) * kTaskPixels, last = std::min(pixels, first + kTaskPixels);
+    PixelMap block_map = map;
+    block_map.x += g * s.cig;
+    block_map.y += g * s.cog + c0;
+    const float* wb = w.typed_data() + block * block_weights;
+    with_channels(s, c0, [&](auto cb, auto partial, const Tail& tail) {
+      fwd_pixels<decltype(cb)::value, decltype(partial)::value>(block_map, first, last, wb, off.data(), positions,
+                                                                s.cig, tail);
     });
   });
   return ffi::Error::Success();
 }
 
 ffi::Error ConvDw(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dy,
-                  ffi::ResultBuffer<ffi::F32> dw) {
-  auto xd = x.dimensions(), gd = dy.dimensions(), wd = dw->dimensions();
-  if (xd.size() != 4 || gd.size() != 4 || wd.size() != 4 || xd[0] != gd[0] || wd[2] != xd[3] ||
-      wd[3] != gd[3] || xd[1] - wd[0] + 1 != gd[1] || xd[2] - wd[1] + 1 != gd[2])
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "flaxport_conv_dw: bad shapes");
-  const int64_t n = xd[0], hp = xd[1], wp = xd[2], cin = xd[3], k = wd[0], cout = wd[3];
-  if (auto e = check_shapes(cout, "flaxport_conv_dw"); e.failure()) return e;
-  const int64_t ho = gd[1], wo = gd[2], taps = k * k * cin, size = taps * cout;
-  if (n * ho * wo == 0) {  // an empty batch or image: the sum over no pixels
-    std::memset(dw->typed_data(), 0, size * sizeof(float));
+                  ffi::ResultBuffer<ffi::F32> dw, int64_t sh, int64_t sw, int64_t dh, int64_t dwl, int64_t cog,
+                  int64_t layout, int64_t groups, int64_t vectors) {
+  auto od = dw->dimensions();
+  WeightLayout lw;
+  if (od.size() != 4 || !WeightLayout::make(layout, od.begin(), &lw) || groups < 1 || vectors < 1 || vectors > 4 ||
+      (cog + kLanes - 1) / kLanes % vectors != 0)
+    return invalid("flaxport_conv_dw: bad weight layout or blocks");
+  const int64_t blocks = (cog + kLanes - 1) / kLanes / vectors, width = vectors * kLanes;
+  const int64_t packed_dims[6] = {groups, blocks, lw.kh, lw.kw, lw.in, width};
+  auto checked = shapes("flaxport_conv_dw", x.dimensions(), ffi::Span<const int64_t>(packed_dims, 6),
+                        dy.dimensions(), sh, sw, dh, dwl, cog);
+  if (checked.has_error()) return checked.error();
+  const Shapes s = checked.value();
+  if (lw.out != s.groups * cog) return invalid("flaxport_conv_dw: shapes do not fit");
+  const int64_t positions = s.kh * s.kw, taps = positions * s.cig, block_size = taps * width;
+  const int64_t size = s.groups * s.blocks * block_size;
+  float* out = dw->typed_data();
+  if (s.n * s.ho * s.wo == 0) {  // an empty batch or image: the sum over no pixels
+    std::memset(out, 0, lw.out * lw.in * lw.kh * lw.kw * sizeof(float));
     return ffi::Error::Success();
   }
-  const std::vector<int64_t> off = tap_offsets(k, wp, cin);
-  // Chunks of at most 1024 output pixels (a few rows of one image, or a few whole small
-  // images): the x and dy they touch stay in L1/L2 while every tap and channel block
-  // sweeps them. The chunks form kGroups fixed groups; a group's chunks are summed in
-  // order into the group's own copy of dw and the copies are added in order, so the
-  // result is the same bits whatever the thread count or the scheduling (bit-exact
-  // resume and step/scan equality depend on it).
-  constexpr int64_t kGroups = 8;
-  const int64_t target = std::max<int64_t>(1, std::min<int64_t>(1024, n * ho * wo / kGroups));
-  const int64_t rows_per_chunk = std::max<int64_t>(1, std::min<int64_t>(ho, target / std::max<int64_t>(wo, 1)));
-  const int64_t images_per_chunk = rows_per_chunk == ho ? std::max<int64_t>(1, target / (ho * wo)) : 1;
-  const int64_t row_chunks = (ho + rows_per_chunk - 1) / rows_per_chunk;
-  const int64_t chunks = ((n + images_per_chunk - 1) / images_per_chunk) * row_chunks;
-  const int64_t groups = std::min(kGroups, chunks);
-  std::vector<float> partial(groups * size, 0.0f);
+  const std::vector<int64_t> pos = s.positions();
+  std::vector<int64_t> off(taps);
+  for (int64_t p = 0; p < positions; ++p)
+    for (int64_t c = 0; c < s.cig; ++c) off[p * s.cig + c] = pos[p] + c;
+  const Chunks chunks(s.n, s.ho, s.wo);
+  // One partial sum per pixel group, in the kernel's blocks.
+  std::vector<float> partial(chunks.groups * size, 0.0f);
+  // Tasks: a pixel group x a range of ~96 taps of one conv group, all its blocks of channels.
+  // Each dw element is summed by one task, over its group's chunks in order.
+  const int64_t tap_ranges = (taps + 95) / 96, tasks_per_part = s.groups * tap_ranges;
   const float* xs = x.typed_data();
   const float* gs = dy.typed_data();
-  const int64_t x_image = hp * wp * cin, dy_image = ho * wo * cout;
-  parallel_for(pool, groups, [&](int64_t group) {
-    float* acc = partial.data() + group * size;
-    for (int64_t chunk = chunks * group / groups; chunk < chunks * (group + 1) / groups; ++chunk) {
-      const int64_t img = (chunk / row_chunks) * images_per_chunk, h0 = (chunk % row_chunks) * rows_per_chunk;
-      const int64_t images = std::min(images_per_chunk, n - img), rows = std::min(rows_per_chunk, ho - h0);
-      const float* xr = xs + img * x_image + h0 * wp * cin;
-      const float* gr = gs + img * dy_image + h0 * wo * cout;
-      for_channel_blocks(cout, [&](int64_t c0, auto cb) {
-        dw_rows<decltype(cb)::value>(xr, gr + c0, acc + c0, off.data(), taps, images, rows, x_image, dy_image,
-                                     wo, wp, cin, cout);
-      });
+  const int64_t x_image = s.hp * s.wp * s.cin, dy_image = s.ho * s.wo * s.cout, x_row = s.sh * s.wp * s.cin;
+  parallel_for(pool, chunks.groups * tasks_per_part, [&](int64_t task) {
+    const int64_t part = task / tasks_per_part, g = (task % tasks_per_part) / tap_ranges, r = task % tap_ranges;
+    const int64_t t0 = taps * r / tap_ranges, t1 = taps * (r + 1) / tap_ranges;
+    float* acc = partial.data() + part * size + g * s.blocks * block_size;
+    chunks.for_group(part, s.n, s.ho, [&](int64_t img, int64_t images, int64_t h0, int64_t rows) {
+      const Sweep sweep{images, rows, x_image, dy_image, x_row, s.sw * s.cin, s.wo, s.cout};
+      const float* xr = xs + img * x_image + h0 * x_row + g * s.cig;
+      const float* gr = gs + img * dy_image + h0 * s.wo * s.cout + g * s.cog;
+      for (int64_t b = 0; b < s.blocks; ++b) {
+        const int64_t c0 = b * width;
+        with_channels(s, c0, [&](auto cb, auto partial, const Tail& tail) {
+          constexpr int V = decltype(cb)::value;
+          dw_taps<V, decltype(partial)::value>(xr, gr + c0, acc + b * block_size + t0 * V * kLanes,
+                                               off.data() + t0, t1 - t0, sweep, tail);
+        });
+      }
+    });
+  });
+  // The partials added in order, out of the blocks into the caller's layout.
+  parallel_for(pool, s.groups * s.blocks, [&](int64_t gb) {
+    const int64_t g = gb / s.blocks, q0 = (gb % s.blocks) * width, outs = std::min(width, cog - q0);
+    const float* in = partial.data() + gb * block_size;
+    for (int64_t t = 0; t < taps; ++t, in += width) {
+      const int64_t p = t / s.cig, c = t % s.cig, r = p / s.kw, col = p % s.kw;
+      for (int64_t l = 0; l < outs; ++l) {
+        float sum = in[l];
+        for (int64_t part = 1; part < chunks.groups; ++part) sum += in[part * size + l];
+        out[lw.at(g * cog + q0 + l, c, r, col)] = sum;
+      }
     }
   });
-  float* out = dw->typed_data();
-  std::memcpy(out, partial.data(), size * sizeof(float));
-  for (int64_t g = 1; g < groups; ++g)
-    for (int64_t i = 0; i < size; ++i) out[i] += partial[g * size + i];
   return ffi::Error::Success();
 }
 
 }  // namespace
+}  // namespace flaxport
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlaxportConvFwd, ConvFwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+#define FLAXPORT_CONV_ATTRS                 \
+  .Attr<int64_t>("stride_h")                \
+      .Attr<int64_t>("stride_w")            \
+      .Attr<int64_t>("dilation_h")          \
+      .Attr<int64_t>("dilation_w")          \
+      .Attr<int64_t>("group_out_channels")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlaxportConvDw, ConvDw,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlaxportConvFwd, flaxport::ConvFwd,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>() FLAXPORT_CONV_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlaxportConvDw, flaxport::ConvDw,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>() FLAXPORT_CONV_ATTRS
+                                  .Attr<int64_t>("layout")
+                                  .Attr<int64_t>("groups")
+                                  .Attr<int64_t>("block_vectors"));

@@ -11,9 +11,9 @@ Three things differ from `flax.linen.Conv` at its defaults and break ports:
 
 `impl` picks how the convolution runs on XLA. "native" calls flaxport's own direct
 convolution kernels through the XLA FFI (`flaxport.kernels`, CPU only, built on first
-use). Where they cannot run (stride 2, output channels not a multiple of 16, float64, no
-C++ compiler, FLAXPORT_NATIVE=0) it runs `fallback` on a CPU ("im2col" unless the caller
-knows better: the DDIM's big convs are faster as "xla") and "xla" on GPU/TPU. "im2col" gathers the kh*kw shifted views
+use). Where they cannot run (float64, no C++ compiler, FLAXPORT_NATIVE=0) it runs
+`fallback` on a CPU ("im2col" unless the caller knows better: the DDIM's big convs are
+faster as "xla") and "xla" on GPU/TPU. "im2col" gathers the kh*kw shifted views
 into one (N*H*W, kh*kw*cin) matrix and multiplies once; "xla" calls
 `lax.conv_general_dilated`. Same numbers up to float rounding; on XLA:CPU im2col is the
 faster one for small convolutions (docs/cpu.md, "The CNN"), and a conv
@@ -51,7 +51,7 @@ def conv2d(x, kernel, padding: int = 0, stride: int = 1, impl: str = "im2col", f
         from flaxport.kernels.conv import native_conv2d, supported
 
         if supported(x.shape, kernel.shape, stride, padding, x.dtype, kernel.dtype):
-            return native_conv2d(x, kernel, padding)
+            return native_conv2d(x, kernel, padding, stride)
         impl = fallback if jax.default_backend() == "cpu" else "xla"
     if impl == "xla":
         return lax.conv_general_dilated(x, kernel, (stride, stride), ((padding, padding), (padding, padding)),

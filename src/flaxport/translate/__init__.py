@@ -1,8 +1,8 @@
 """Translate a torch.nn.Module into readable Flax NNX source, with its weights and the proof.
 
   translate(torch_module, *example_inputs, **example_kwargs) -> Translation
-      .source   the generated model.py (imports only jax, flax, numpy, stdlib; with
-                conv="native" also flaxport's CPU conv kernels, where flaxport is installed)
+      .source   the generated model.py (imports only jax, flax, numpy, stdlib, and flaxport's
+                CPU conv kernels where flaxport is installed, unless conv="xla")
       .model    an nnx.Module with the torch weights, in the torch module's train/eval mode
       .report   the proof: float64 per submodule boundary, float32 beside (a ParityReport)
       .state_dict(tree=None)       NNX variables (or a tree shaped like them: gradients,

@@ -1,7 +1,7 @@
 """The generated model file: imports, the runtime pieces it uses, the classes, `load()`.
 
-The file imports only jax, flax.nnx, numpy and the standard library (and, with
-conv="native", flaxport's kernels where flaxport is installed). Runtime layers and
+The file imports only jax, flax.nnx, numpy and the standard library (and, with the
+default conv="native", flaxport's kernels where flaxport is installed). Runtime layers and
 functions are copied from translate/runtime (only the ones used, with what they use).
 Long lines are wrapped at argument commas; black formats the file instead when it is
 installed.
@@ -153,7 +153,7 @@ SET_VARIABLE_COLUMNS = """array = arrays[name]
 
 
 NATIVE_IMPORT = """
-try:  # flaxport's native CPU convolutions (translate --conv native); XLA's where flaxport is absent
+try:  # flaxport's native CPU convolutions where flaxport is installed; XLA's where it is absent
     from flaxport.kernels import conv as flaxport_conv
 except ImportError:
     flaxport_conv = None

@@ -12,7 +12,7 @@ from flaxport.translate.runtime.functions import columns_channels_last
 from flaxport.translate.errors import TranslateError, UnsupportedOpsError
 
 
-def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", check: bool = True,
+def translate(module, *example_args, layout: str = "nchw", conv: str = "native", check: bool = True,
               example_kwargs=None, **kwargs) -> "Translation":
     """Translate a torch.nn.Module into Flax NNX source, with its weights and the proof.
 
@@ -26,10 +26,10 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
     layout: "nchw" keeps torch's layout throughout; "nhwc" keeps image values channels-last
       inside (convolutions, normalisation, pooling, resampling, elementwise ops), with
       transposes where another op reads them; inputs and outputs stay in torch's layout.
-    conv: "xla" (XLA's convolutions; the file imports only jax, flax, numpy and the
-      standard library) or "native": the file runs the 2-D convolutions flaxport's CPU
-      kernels can (float32, stride 1, ...; docs/cpu.md) on them where flaxport is installed,
-      and XLA's convolution elsewhere.
+    conv: "native" (the default): the file runs its 1-D and 2-D convolutions on flaxport's
+      CPU kernels (float32, on a CPU; docs/cpu.md) where flaxport is installed, and XLA's
+      convolution elsewhere; "xla": XLA's convolutions only (the file imports only jax,
+      flax, numpy and the standard library).
     check: run the proof (float64 per submodule boundary, float32 beside) into `t.report`.
 
     Both train and eval mode are captured (Python branches on `self.training` included),
@@ -46,7 +46,8 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
     if layout not in ("nchw", "nhwc"):
         raise TranslateError(f"layout {layout!r}: choose 'nchw' (torch's layout) or 'nhwc'")
     if conv not in ("xla", "native"):
-        raise TranslateError(f"conv {conv!r}: choose 'xla' (XLA's convolution) or 'native' (flaxport's CPU kernels)")
+        raise TranslateError(f"conv {conv!r}: choose 'native' (flaxport's CPU kernels where installed) or 'xla' "
+                             "(XLA's convolution)")
     kwargs = {**(example_kwargs or {}), **kwargs}
     args = tuple(example_args)
     if not isinstance(module, torch.nn.Module):
@@ -79,10 +80,11 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "xla", ch
     build_classes(plan)
     if plan.problems:
         raise UnsupportedOpsError(plan.problems)
-    header = _header(module, captures, plan.flat_weights, conv)
-    source = module_source(plan, header, conv)
+    source = module_source(plan, _header(module, captures, plan.flat_weights, conv), conv)
     if calls_native_conv(source):
         notes.append(_native_note())
+    else:  # no convolution: the header says nothing of kernels
+        source = source.replace(_NATIVE_HEADER, "", 1)
     t = Translation(source, module, plan, primary, args, kwargs, notes)
     if check:
         from flaxport.translate.proof import prove
@@ -133,8 +135,11 @@ def _header(module, captures, flat_weights, conv) -> str:
             f"{held}"
             "weights.safetensors is torch's state_dict. `load(directory)` returns the model with them;\n"
             "`model.train()` / `model.eval()` switch BatchNorm and dropout as in torch.\n"
-            + ("\nConvolutions run on flaxport's native CPU kernels where flaxport is installed and the\n"
-               "kernels can run them (`_convolution`), on XLA's convolution elsewhere.\n" if conv == "native" else ""))
+            + (_NATIVE_HEADER if conv == "native" else ""))
+
+
+_NATIVE_HEADER = ("\nConvolutions run on flaxport's native CPU kernels where flaxport is installed and the\n"
+                  "kernels can run them (`_convolution`), on XLA's convolution elsewhere.\n")
 
 
 def _input_shape(name: str, value) -> str:

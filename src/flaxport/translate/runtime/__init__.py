@@ -2,5 +2,5 @@
 
 Real, tested modules; the emitter copies the source of the pieces a model uses into the
 generated file, which imports only jax, flax, numpy and the standard library. native.py
-holds what `--conv native` puts in place of functions.py's convolution.
+holds what the default `--conv native` puts in place of functions.py's convolution.
 """

@@ -1,0 +1,198 @@
+"""The native CPU convolutions as differentiable JAX functions (FFI calls with a custom_vjp).
+
+Two kernels (docs/cpu.md): `dense` runs any grouped convolution (groups = 1 included) and
+`depthwise` one filter per channel. Both are 2-D, NHWC, float32, with any stride, dilation,
+kernel size and padding:
+
+forward:          y  = fwd(pad(x), w)
+weight gradient:  dw = dw_kernel(pad(x), dy)
+input gradient:   dx = fwd of dy with the flipped kernel, per phase of the stride (phases.py)
+
+The same sums as `lax.conv_general_dilated` and its transposes, in another order: float32
+rounding differs at the 1e-6 relative level. Every sum runs in a fixed order, so the
+results are the same bits for any thread count.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from flaxport import kernels
+from flaxport.kernels.phases import input_gradient
+
+LANES = 16
+
+
+def _require():
+    if not kernels.available():
+        raise RuntimeError(f"native CPU conv kernels unavailable: {kernels.unavailable_reason()}")
+
+
+def _lanes(a, axis=-1):
+    """a with `axis` zero-padded to a multiple of 16 (the kernels read whole vectors of weights)."""
+    extra = -a.shape[axis] % LANES
+    if not extra:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(a, widths)
+
+
+def _window(stride, dilation) -> dict:
+    return {"stride_h": np.int64(stride[0]), "stride_w": np.int64(stride[1]),
+            "dilation_h": np.int64(dilation[0]), "dilation_w": np.int64(dilation[1])}
+
+
+def _out_size(size, k, s, d):
+    return max(0, (size - d * (k - 1) - 1) // s + 1)
+
+
+def _taps(w, taps, axis):
+    """w's kernel taps `taps` (ascending, evenly spaced) along `axis`, in reverse order."""
+    first, step = _steps(taps)
+    return lax.rev(lax.slice_in_dim(w, first, taps[-1] + 1, step, axis), (axis,))
+
+
+def _pad(x, pads):
+    return lax.pad(x, jnp.zeros((), x.dtype), ((0, 0, 0), (*pads[0], 0), (*pads[1], 0), (0, 0, 0)))
+
+
+# ----------------------------------------------------------------------------- dense and grouped
+OIHW, HWIO = 0, 1  # torch's weight layout (translated files), the workloads' Flax layout
+
+
+def channel_blocks(channels: int) -> tuple:
+    """(B, V): a group's output channels as B blocks of V <= 4 vectors of 16, the widest V that
+    divides the ceil(channels / 16) vectors (the kernel's register tile is V vectors wide)."""
+    vectors = -(-channels // LANES)
+    width = next(v for v in (4, 3, 2, 1) if vectors % v == 0)
+    return vectors // width, width
+
+
+def _dims(w, layout):
+    """(O, I, kh, kw) of a weight in `layout`."""
+    return tuple(w.shape) if layout == OIHW else (w.shape[3], w.shape[2], w.shape[0], w.shape[1])
+
+
+def _steps(taps):
+    """(first, step) of evenly spaced kernel taps, in the order given."""
+    return taps[0], (taps[1] - taps[0] if len(taps) > 1 else 1)
+
+
+def pack(w, groups, layout, swap=False, rows=None, cols=None):
+    """w (O, I, kh, kw) in `layout` -> (G, B, len(rows), len(cols), Ci, 16V), the forward kernel's
+    blocks of output channels. swap: the input gradient's weights (in and out channels swapped in
+    each group); rows, cols: the kernel taps to take, in order (default all, ascending)."""
+    _require()
+    o, i, kh, kw = _dims(w, layout)
+    rows, cols = rows or tuple(range(kh)), cols or tuple(range(kw))
+    outs, ins = (i, o // groups) if swap else (o // groups, i)
+    blocks, width = channel_blocks(outs)
+    (r0, rs), (c0, cs) = _steps(rows), _steps(cols)
+    out = jax.ShapeDtypeStruct((groups, blocks, len(rows), len(cols), ins, width * LANES), jnp.float32)
+    return jax.ffi.ffi_call("flaxport_conv_pack", out, vmap_method="sequential")(
+        w, layout=np.int64(layout), swap=np.int64(swap), row_start=np.int64(r0), row_step=np.int64(rs),
+        col_start=np.int64(c0), col_step=np.int64(cs))
+
+
+def dense_forward(x_padded, packed, group_outputs, stride, dilation):
+    """x_padded (N, Hp, Wp, G*Ci), packed weights (G, B, kh, kw, Ci, 16V) -> (N, Ho, Wo, G*group_outputs), valid."""
+    _require()
+    n, hp, wp, _ = x_padded.shape
+    g, _, kh, kw, _, _ = packed.shape
+    out = jax.ShapeDtypeStruct((n, _out_size(hp, kh, stride[0], dilation[0]),
+                                _out_size(wp, kw, stride[1], dilation[1]), g * group_outputs), jnp.float32)
+    # Under vmap (harness.vmap's stacked members) each member runs the kernel in turn:
+    # the same sums, in the same order, as its own single run.
+    return jax.ffi.ffi_call("flaxport_conv_fwd", out, vmap_method="sequential")(
+        x_padded, packed, **_window(stride, dilation), group_out_channels=np.int64(group_outputs))
+
+
+def _dense_weight_gradient(x_padded, dy, w, groups, layout, stride, dilation):
+    _require()
+    group_outputs = _dims(w, layout)[0] // groups
+    out = jax.ShapeDtypeStruct(w.shape, jnp.float32)
+    return jax.ffi.ffi_call("flaxport_conv_dw", out, vmap_method="sequential")(
+        x_padded, dy, **_window(stride, dilation), group_out_channels=np.int64(group_outputs),
+        layout=np.int64(layout), groups=np.int64(groups), block_vectors=np.int64(channel_blocks(group_outputs)[1]))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
+def dense(x, w, pads, stride, dilation, groups, layout=OIHW):
+    """x (N, H, W, Cin), w (O, Cin/groups, kh, kw) (or HWIO) -> (N, Ho, Wo, O): torch's conv2d.
+
+    pads ((top, bottom), (left, right)), stride (sh, sw), dilation (dh, dw), groups.
+    """
+    return dense_forward(_pad(x, pads), pack(w, groups, layout), _dims(w, layout)[0] // groups, stride, dilation)
+
+
+def _dense_fwd(x, w, pads, stride, dilation, groups, layout):
+    x_padded = _pad(x, pads)
+    y = dense_forward(x_padded, pack(w, groups, layout), _dims(w, layout)[0] // groups, stride, dilation)
+    return y, (x_padded, w, x.shape)
+
+
+def _dense_bwd(pads, stride, dilation, groups, layout, residuals, dy):
+    x_padded, w, x_shape = residuals
+    dw = _dense_weight_gradient(x_padded, dy, w, groups, layout, stride, dilation)
+    _, group_inputs, kh, kw = _dims(w, layout)
+
+    def correlate(dy_padded, rows, cols, sub_dilation):  # flipped taps, in and out channels swapped
+        packed = pack(w, groups, layout, swap=True, rows=rows[::-1], cols=cols[::-1])
+        return dense_forward(dy_padded, packed, group_inputs, (1, 1), sub_dilation)
+
+    dx = input_gradient(dy, x_shape, (kh, kw), stride, dilation, pads, correlate)
+    return dx, dw
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+# ----------------------------------------------------------------------------- depthwise
+def depthwise_forward(x_padded, w, stride, dilation):
+    """x_padded (N, Hp, Wp, C), w (kh, kw, C) -> (N, Ho, Wo, C), valid."""
+    _require()
+    n, hp, wp, c = x_padded.shape
+    kh, kw, _ = w.shape
+    out = jax.ShapeDtypeStruct((n, _out_size(hp, kh, stride[0], dilation[0]),
+                                _out_size(wp, kw, stride[1], dilation[1]), c), jnp.float32)
+    return jax.ffi.ffi_call("flaxport_depthwise_fwd", out, vmap_method="sequential")(
+        x_padded, _lanes(w), **_window(stride, dilation))
+
+
+def _depthwise_weight_gradient(x_padded, dy, w_shape, stride, dilation):
+    _require()
+    kh, kw, c = w_shape
+    out = jax.ShapeDtypeStruct((kh, kw, c + -c % LANES), jnp.float32)
+    dw = jax.ffi.ffi_call("flaxport_depthwise_dw", out, vmap_method="sequential")(
+        x_padded, dy, **_window(stride, dilation))
+    return dw[..., :c]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def depthwise(x, w, pads, stride, dilation):
+    """x (N, H, W, C), w (kh, kw, C) -> (N, Ho, Wo, C): torch's conv2d with groups = C = out channels."""
+    return depthwise_forward(_pad(x, pads), w, stride, dilation)
+
+
+def _depthwise_fwd(x, w, pads, stride, dilation):
+    x_padded = _pad(x, pads)
+    return depthwise_forward(x_padded, w, stride, dilation), (x_padded, w, x.shape)
+
+
+def _depthwise_bwd(pads, stride, dilation, residuals, dy):
+    x_padded, w, x_shape = residuals
+    dw = _depthwise_weight_gradient(x_padded, dy, w.shape, stride, dilation)
+
+    def correlate(dy_padded, rows, cols, sub_dilation):
+        return depthwise_forward(dy_padded, _taps(_taps(w, rows, 0), cols, 1), (1, 1), sub_dilation)
+
+    dx = input_gradient(dy, x_shape, w.shape[:2], stride, dilation, pads, correlate)
+    return dx, dw
+
+
+depthwise.defvjp(_depthwise_fwd, _depthwise_bwd)

@@ -1,0 +1,161 @@
+"""flaxport.kernels.conv against torch: every kind of convolution a CNN holds, values and both gradients.
+
+The kernels run float32; torch computes the reference in float64 (the sums the kernels must
+reproduce), so a row fails on anything but float32 rounding.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flaxport import kernels
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.torch,
+              pytest.mark.skipif(not kernels.available(), reason=f"no native kernels: {kernels.unavailable_reason()}")]
+
+from flaxport.kernels.conv import convolution, runs  # noqa: E402
+
+# (name, batch, spatial size, in channels, out channels, kernel, stride, padding, dilation, groups)
+CASES = [
+    ("3x3", 2, (7, 9), 16, 16, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ("stem 7x7/2 rgb", 2, (11, 11), 3, 24, (7, 7), (2, 2), (3, 3), (1, 1), 1),
+    ("3x3/2, 10 out", 2, (9, 8), 8, 10, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+    ("1x1/2 projection", 2, (8, 8), 20, 36, (1, 1), (2, 2), (0, 0), (1, 1), 1),
+    ("1x1, 40 out", 3, (5, 6), 24, 40, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    ("1x7", 1, (10, 9), 8, 12, (1, 7), (1, 1), (0, 3), (1, 1), 1),
+    ("7x1", 1, (10, 9), 8, 12, (7, 1), (1, 1), (3, 0), (1, 1), 1),
+    ("dilated 2", 2, (9, 9), 16, 16, (3, 3), (1, 1), (2, 2), (2, 2), 1),
+    ("stride 3x2, dilation 2x3", 2, (11, 10), 16, 16, (3, 3), (3, 2), (1, 2), (2, 3), 1),
+    ("4x4/2, wider than the image", 2, (3, 3), 4, 8, (5, 5), (2, 2), (2, 2), (1, 1), 1),
+    ("64 out, 4 vectors", 2, (6, 6), 16, 64, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ("96 out, 3+3 vectors", 1, (5, 5), 8, 96, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ("80 out, 5 vectors", 1, (5, 5), 8, 80, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ("grouped 2", 2, (8, 8), 48, 96, (3, 3), (2, 2), (1, 1), (1, 1), 2),
+    ("grouped 8, 4 a group", 2, (8, 8), 32, 32, (3, 3), (1, 1), (1, 1), (1, 1), 8),
+    ("grouped 3, 8 a group", 2, (8, 8), 24, 24, (3, 3), (1, 1), (1, 1), (1, 1), 3),
+    ("depthwise 3x3, 18", 2, (8, 8), 18, 18, (3, 3), (1, 1), (1, 1), (1, 1), 18),
+    ("depthwise 5x5/2, 40", 2, (9, 9), 40, 40, (5, 5), (2, 2), (2, 2), (1, 1), 40),
+    ("depthwise 7x7, 35", 2, (12, 12), 35, 35, (7, 7), (1, 1), (3, 3), (1, 1), 35),
+    ("depthwise 3x3/2x1 dilated", 2, (9, 9), 17, 17, (3, 3), (2, 1), (2, 1), (2, 1), 17),
+    ("depthwise multiplier 2", 2, (6, 6), 8, 16, (3, 3), (1, 1), (1, 1), (1, 1), 8),
+]
+
+
+def _torch_conv(x, w, case):
+    _, _, _, _, _, _, stride, padding, dilation, groups = case
+    if w.ndim == 3:
+        return torch.nn.functional.conv1d(x, w, None, stride[1], padding[1], dilation[1], groups)
+    return torch.nn.functional.conv2d(x, w, None, stride, padding, dilation, groups)
+
+
+def _check(case, one_d=False):
+    name, n, (h, w), cin, cout, (kh, kw), stride, padding, dilation, groups = case
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    x = rng.standard_normal((n, cin, w) if one_d else (n, cin, h, w))
+    weight = rng.standard_normal((cout, cin // groups, kw) if one_d else (cout, cin // groups, kh, kw))
+    weight /= np.sqrt(cin // groups * kh * kw)
+    xt = torch.tensor(x, requires_grad=True)
+    wt = torch.tensor(weight, requires_grad=True)
+    y = _torch_conv(xt, wt, case)
+    cotangent = rng.standard_normal(y.shape)
+    dx, dw = torch.autograd.grad(y, (xt, wt), torch.tensor(cotangent))
+    want = [y.detach().numpy(), dx.numpy(), dw.numpy()]
+
+    axes = 1 if one_d else 2
+    pads = [(p, p) for p in padding][-axes:]
+    args = (stride[-axes:], pads, dilation[-axes:], groups)
+
+    def channels_last(a):
+        return jnp.asarray(np.moveaxis(a, 1, -1), jnp.float32)
+
+    x32, w32 = channels_last(x), jnp.asarray(weight, jnp.float32)
+    assert runs(x32, w32, *args)
+
+    def f(x, w, c):
+        y, vjp = jax.vjp(lambda a, b: convolution(a, b, args[0], args[1], args[2], args[3]), x, w)
+        return (y, *vjp(c))
+
+    got = jax.jit(f)(x32, w32, channels_last(cotangent))
+    got = [np.moveaxis(np.asarray(got[0]), -1, 1), np.moveaxis(np.asarray(got[1]), -1, 1), np.asarray(got[2])]
+    for part, g, r in zip(("y", "dx", "dw"), got, want):
+        assert g.shape == r.shape, (name, part)
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=2e-5 * np.max(np.abs(r)), err_msg=f"{name}: {part}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_values_and_both_gradients_match_torch(case):
+    _check(case)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[5][0] == 1 or c[0].startswith("depthwise 7")],
+                         ids=lambda c: c[0])
+def test_one_dimensional_convolutions_match_torch(case):
+    _check(case, one_d=True)
+
+
+def test_an_empty_batch_gives_empty_outputs_and_zero_weight_gradients():
+    for groups, cout in ((1, 16), (16, 16)):
+        x = jnp.zeros((0, 6, 6, 16), jnp.float32)
+        w = jnp.ones((cout, 16 // groups, 3, 3), jnp.float32)
+        y, vjp = jax.vjp(lambda a, b: convolution(a, b, (2, 2), [(1, 1), (1, 1)], (1, 1), groups), x, w)
+        dx, dw = vjp(jnp.zeros_like(y))
+        assert y.shape == (0, 3, 3, 16) and dx.shape == x.shape
+        np.testing.assert_array_equal(dw, np.zeros(w.shape, np.float32))
+
+
+def test_other_dtypes_3d_and_negative_padding_are_left_to_xla():
+    x = jnp.ones((1, 6, 6, 16), jnp.float32)
+    w = jnp.ones((16, 16, 3, 3), jnp.float32)
+    same = ((1, 1), [(1, 1), (1, 1)], (1, 1), 1)
+    assert runs(x, w, *same)
+    assert not runs(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), *same)
+    assert not runs(x, w, (1, 1), [(-1, 1), (1, 1)], (1, 1), 1)
+    assert not runs(x[:, None], w[..., None], (1, 1, 1), [(1, 1)] * 3, (1, 1, 1), 1)
+
+
+def problem():
+    """A strided grouped conv and a strided depthwise one, their values and both gradients."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((6, 17, 17, 48)), jnp.float32)
+    dense_w = jnp.asarray(rng.standard_normal((96, 24, 3, 3)) * 0.1, jnp.float32)
+    depth_w = jnp.asarray(rng.standard_normal((48, 1, 5, 5)) * 0.1, jnp.float32)
+
+    def f(x, dense_w, depth_w):
+        def net(x, a, b):
+            h = convolution(x, b, (2, 2), [(2, 2), (2, 2)], (1, 1), 48)
+            return convolution(h, a, (2, 2), [(1, 1), (1, 1)], (1, 1), 2)
+
+        y, vjp = jax.vjp(net, x, dense_w, depth_w)
+        return (y, *vjp(jnp.cos(y)))
+
+    return [np.asarray(a) for a in jax.jit(f)(x, dense_w, depth_w)]
+
+
+_THREADED = textwrap.dedent("""
+    import sys, numpy as np, jax
+    sys.path.insert(0, sys.argv[2])
+    from test_kernels_conv import problem
+    runs = [problem() for _ in range(3)]
+    np.savez(sys.argv[1], *runs[0], same=all(all(np.array_equal(a, b) for a, b in zip(r, runs[0])) for r in runs))
+""")
+
+
+def test_same_bits_with_a_pool_of_two_threads_as_with_one(tmp_path):
+    """The test process runs XLA on one thread (conftest); a fresh process gets the full pool,
+    over which the kernels split their sums in a fixed way: every thread count, the same bits."""
+    out = tmp_path / "threaded.npz"
+    proc = subprocess.run([sys.executable, "-c", _THREADED, str(out), str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    threaded = np.load(out)
+    assert bool(threaded["same"]), "calls with two threads differ from each other"
+    for i, a in enumerate(problem()):
+        np.testing.assert_array_equal(threaded[f"arr_{i}"], a)
