@@ -720,6 +720,9 @@ def _workload(name, g):
 
 def _hf(name, g):
     """HuggingFace models from tiny configs with random weights."""
+    from flaxport.bench.zoos import import_torchvision
+
+    import_torchvision()  # transformers imports it where it is installed (a CUDA build here: see bench.zoos)
     import transformers
 
     if name == "bert":
