@@ -10,7 +10,7 @@ TORCH  := torch==2.13.0
 # of the suite is single-threaded XLA compiles and subprocess start-ups.
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-all bench clean
 
 setup: $(STAMP)
 
@@ -29,7 +29,11 @@ DEMO_CONFIG ?= quick
 demo: setup
 	$(VENV)/bin/flaxport compare gan --config $(DEMO_CONFIG) --epochs 20 --runs torch-tuned,jax-scan --workdir runs/demo-gan
 
+# `make test` leaves out the tests marked slow (CI's budget: ~20 min on 2 cores); `make test-all` runs them too.
 test: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 -m "not slow"
+
+test-all: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 # Every table of docs/benchmarks.md, in one sitting (on a quiet machine: ~20 min on 2 cores, and then the

@@ -241,10 +241,10 @@ def test_an_out_under_a_file_or_too_long_is_one_line(models, tmp_path, capsys):
 def test_a_failed_write_keeps_the_old_set_and_leaves_no_temporary_folder(translated, tmp_path, monkeypatch):
     """Fault injected: the disk fills after model.py, with and without the one-rename swap."""
     from flaxport import fileset
+    from flaxport.translate.save import FILES as names
 
     out = shutil.copytree(translated, tmp_path / "out")
     before = _files(out)
-    names = ("model.py", "weights.safetensors", "train_step.py", "parity.md")
 
     def fill(d):
         (d / "model.py").write_text("new")

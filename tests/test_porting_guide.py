@@ -140,12 +140,8 @@ def test_onednn_conv_bias_gradient_is_a_float32_running_sum():
 
     def rel_error(onednn: bool) -> float:
         conv = torch.nn.Conv2d(32, 3, 1)
-        saved = torch.backends.mkldnn.enabled
-        torch.backends.mkldnn.enabled = onednn
-        try:
+        with torch.backends.mkldnn.flags(enabled=onednn):
             (conv(x) * up).sum().backward()
-        finally:
-            torch.backends.mkldnn.enabled = saved
         return float((conv.bias.grad.double() - exact).abs().max() / exact.abs().max())
 
     assert rel_error(True) > 5e-5 and rel_error(False) < 1e-6

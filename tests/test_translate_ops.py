@@ -497,6 +497,11 @@ CASES += [
     ("cdist_p1", aten._cdist_forward.default, (r(2, 4, 3), r(2, 5, 3), 1.0, None), {}),
     ("cdist", aten.cdist.default, (r(4, 3), r(5, 3)), {}),
     ("pdist", aten._pdist_forward.default, (r(5, 3),), {}),
+    # targets after a -1 ignored, a repeated target counted twice (torch's Python decomposition gets both wrong)
+    ("multilabel_margin_loss", aten.multilabel_margin_loss.default,
+     (r(4, 5), torch.tensor([[0, 3, -1, 1, 1], [1, -1, 0, 0, 0], [4, 2, 0, -1, 3], [2, 2, -1, 0, 0]]), 1), {}),
+    ("multilabel_margin_loss_sum_1d", aten.multilabel_margin_loss.default, (r(5), torch.tensor([3, 0, -1, 2, 2]), 2),
+     {}),
     ("pdist_p3", aten.pdist.default, (r(5, 3), 3.0), {}),
 ]
 C = torch.complex(r(3, 4), r(3, 4))
@@ -642,7 +647,8 @@ CASES += [(f"polynomial_{name[8:]}", getattr(aten, name).default, (r(8), torch.t
 # model tests (test_translate*.py): dropout inside modules, tuple outputs, dtype casts of parameters.
 BY_MODELS = {"aten.empty", "aten.empty_like", "aten.new_empty",  # torch leaves the values undefined: zeros here
              "aten.dropout", "aten.feature_dropout", "aten.alpha_dropout", "aten.feature_alpha_dropout",
-             "getitem", "<built-in function getitem>", "aten.log_sigmoid_forward"}
+             "getitem", "<built-in function getitem>", "aten.log_sigmoid_forward",
+             "aten.multilabel_margin_loss_forward"}  # nn.MultiLabelMarginLoss in tests/test_train_optimizers_losses.py
 # Random draws: (id, op, args, kwargs) as above. Given torch's draw (replayed) the translation must
 # compute torch's values; drawing on its own, values of torch's distribution.
 N = (300, 60)

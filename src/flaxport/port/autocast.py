@@ -8,7 +8,9 @@ convolution kernels add it before rounding); reductions of bfloat16 values accum
 round their result; every other primitive runs in the dtypes it is given, mixed operands
 promoted (bfloat16 + float32 -> float32, as torch promotes). Parameters stay float32 (the
 master weights): their casts are part of the program, so gradients come back float32.
-Calls (pjit, custom_jvp/vjp) are run through; loops and conditionals (scan, while, cond)
+Calls (pjit, custom_jvp/vjp) are run through, except a custom_jvp/vjp around a kernel of its own
+(an ffi_call, such as flaxport's CPU convolutions, which only its own rule differentiates): it
+runs whole, as a convolution, on operands rounded to bfloat16 and in float32; loops and conditionals (scan, while, cond)
 run as traced, their operands cast back to the dtypes they were traced with.
 Self-contained (jax and jnp): train_step.py carries it for `--precision bf16`.
 """
@@ -69,8 +71,8 @@ def _run(jaxpr, consts, args, dtype, reductions):
         else:
             out = _apply(eqn, [rounded(v) if not isinstance(v, jcore.Literal) else v.val for v in eqn.invars],
                          dtype, reductions)
-        if name in MATMULS:
-            unrounded.add(eqn.outvars[0])
+        if name in MATMULS or _kernel_call(eqn):
+            unrounded.update(eqn.outvars)
         if not eqn.primitive.multiple_results:
             out = [out]
         for var, value in zip(eqn.outvars, out):
@@ -87,9 +89,25 @@ def _inner(eqn):
     return None
 
 
+def _kernel_call(eqn) -> bool:
+    """A call whose program holds an ffi_call: run whole (see the module docstring)."""
+    if eqn.primitive.name not in CALLS or _inner(eqn) is None:
+        return False
+    jaxpr, _ = _inner(eqn)
+    return any(e.primitive.name == "ffi_call" or _kernel_call(e) for e in jaxpr.eqns)
+
+
 def _apply(eqn, values, dtype, reductions):
     name = eqn.primitive.name
     traced = [v.aval.dtype for v in eqn.invars]
+    if _kernel_call(eqn):  # float32 in and out, the operands rounded as a bfloat16 convolution's
+        rounded = [_cast(_cast(v, dtype), t) if _floating(v) else v for v, t in zip(values, traced)]
+        params = eqn.primitive.get_bind_params(eqn.params)  # as jax's own eval_jaxpr binds a call
+        if isinstance(params, tuple):  # (subfuns, params) in other jax versions
+            subfuns, params = params
+            rounded = [*subfuns, *rounded]
+        out = eqn.primitive.bind(*rounded, **params)
+        return out if eqn.primitive.multiple_results else out[0]
     if name in MATMULS:
         low = [_cast(v, dtype) for v in values]
         params = {**eqn.params, "preferred_element_type": jnp.float32}

@@ -718,7 +718,8 @@ RESERVED |= {"conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_poo
              "pixel_shuffle", "channel_shuffle", "cosine_similarity", "lstm_cell", "gru_cell", "rnn_cell", "affine_grid",
              "grid_sample", "unfold", "fold", "scatter", "nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits",
              "read_safetensors", "load", "json", "os", "Buffer", "TorchModule"}
-RESERVED |= {n for n in dir(__import__("flaxport.translate.runtime.arrays", fromlist=["_"])) if not n.startswith("_")}
+RESERVED |= {n for module in ("arrays", "functions")  # the runtime helpers a file may call
+             for n in dir(__import__(f"flaxport.translate.runtime.{module}", fromlist=["_"])) if not n.startswith("_")}
 
 
 def _empty_result(ctx, node):

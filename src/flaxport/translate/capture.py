@@ -223,7 +223,7 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
     buffer_updates = functionalize(graph, placeholders)
     while decompose(graph, has_translation, keep=set(buffer_updates.values())):
         functionalize(graph, placeholders)  # decompositions write in place too (out.clamp_min_(0))
-    buffer_updates.update(running_statistics(graph, placeholders))
+    buffer_updates.update(running_statistics(graph, placeholders, m))
     _drop_pass_through(graph)
     _eliminate_dead_code(graph, set(buffer_updates.values()))
     output = next(n for n in graph.nodes if n.op == "output")
@@ -415,18 +415,19 @@ RUNNING_STATISTICS = {"aten.batch_norm.default", "aten.native_batch_norm.default
                       "aten._native_batch_norm_legit.default"}
 
 
-def running_statistics(graph, placeholders) -> dict:
+def running_statistics(graph, placeholders, module) -> dict:
     """F.batch_norm(x, running_mean, running_var, training=True) in a module's own forward: the training IR
     hides its in-place update of the two buffers; -> {buffer target: node of its new value}
     (running = (1 - momentum) * running + momentum * batch statistic, the variance unbiased). Running
     statistics that are not the module's buffers (tensors the caller passes in) are left as they are:
-    a JAX function returns new arrays, it does not write its arguments."""
+    a JAX function returns new arrays, it does not write its arguments. A torch BatchNorm layer's
+    own call is left to its layer class, which updates them itself."""
     import torch
 
     aten = torch.ops.aten
     updates = {}
     for node in list(graph.nodes):
-        if node.op != "call_function" or str(node.target) not in RUNNING_STATISTICS:
+        if node.op != "call_function" or str(node.target) not in RUNNING_STATISTICS or _in_batch_norm_layer(node, module):
             continue
         x, running_mean, running_var, training, momentum = (node.args[0],) + tuple(node.args[3:7])
         if not training:
@@ -447,6 +448,20 @@ def running_statistics(graph, placeholders) -> dict:
             with graph.inserting_after(added):
                 updates[ph.target] = _call_like(graph, node, aten.add.Tensor, (kept, added))
     return updates
+
+
+def _in_batch_norm_layer(node, module) -> bool:
+    """Is `node` the call of a torch BatchNorm layer's own forward (not a subclass's)?"""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    if not stack:
+        return False
+    try:
+        layer = module.get_submodule(stack[-1][0])
+    except AttributeError:
+        return False
+    return isinstance(layer, _BatchNorm) and type(layer).forward is _BatchNorm.forward
 
 
 def _call_like(graph, like, target, args, kwargs=None):

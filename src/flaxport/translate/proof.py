@@ -95,7 +95,7 @@ def prove(t, module, atol: float = ATOL, rtol: float = RTOL) -> ProofReport:
         r32 = f32.get((row.phase, row.torch_name))
         if row.ok and r32 is not None and "NaN/inf" in r32.note:
             row.ok, row.note = False, f"float32: {r32.note}"
-    if _runs_native_kernels(t):
+    if _runs_native_kernels(t, module):
         for row, figure in zip(rows64, float32):
             if row.ok and figure is not None and not figure[1] <= NATIVE_FLOAT32_RTOL:
                 row.ok = False
@@ -104,11 +104,16 @@ def prove(t, module, atol: float = ATOL, rtol: float = RTOL) -> ProofReport:
     return ProofReport(rows64, atol, rtol, float32, "float64", notes)
 
 
-def _runs_native_kernels(t) -> bool:
-    """Whether t's file (conv="native") runs flaxport's kernels here."""
+def _runs_native_kernels(t, module) -> bool:
+    """Whether t's file (conv="native") runs flaxport's kernels here: they take float32 only, a
+    model in another dtype (bfloat16) runs XLA's convolutions, checked as any other."""
+    import torch
+
     from flaxport.translate.emit import calls_native_conv
 
-    if not calls_native_conv(t.source):
+    values = [*module.parameters(), *t.example_args, *t.example_kwargs.values()]
+    floats = [v.dtype for v in values if torch.is_tensor(v) and v.is_floating_point()]
+    if not calls_native_conv(t.source) or any(d != torch.float32 for d in floats):
         return False
     from flaxport import kernels
 

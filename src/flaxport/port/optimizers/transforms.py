@@ -37,8 +37,9 @@ def scale_by_torch_adagrad(eps: float = 1e-10, initial_accumulator_value: float 
     def update(updates, state, params=None):
         del params
         total = jax.tree.map(lambda s, g: s + g * g, state.sum, updates)
-        decay = 1.0 / (1.0 + state.count * lr_decay)
-        updates = jax.tree.map(lambda s, g: g / (jnp.sqrt(s) + eps) * decay, total, updates)
+        # the decay in each parameter's own dtype: an int32 count times a float is float32
+        updates = jax.tree.map(lambda s, g: g / (jnp.sqrt(s) + eps) / (1.0 + state.count.astype(g.dtype) * lr_decay),
+                               total, updates)
         return updates, ScaleByTorchAdagradState(optax.safe_increment(state.count), total)
 
     return optax.GradientTransformation(init, update)

@@ -83,7 +83,13 @@ def kl_div(c, node):
 
 
 @op("aten.multilabel_margin_loss_forward.default")
-def multilabel_margin_loss(c, node):
+def multilabel_margin_loss_forward(c, node):
     # (loss, is_target): is_target is only what torch's backward reads
-    return Outputs((call(c.helper("multilabel_margin_loss"), c.x("self"), c.x("target"), reduction=_reduction_kw(c)),
-                    None))
+    return Outputs((multilabel_margin_loss(c, node), None))
+
+
+@op("aten.multilabel_margin_loss.default")
+def multilabel_margin_loss(c, node):
+    # a handler of its own: torch's Python decomposition of the forward op miscounts targets after
+    # a -1 and repeated targets (its kernel does not)
+    return call(c.helper("multilabel_margin_loss"), c.x("self"), c.x("target"), reduction=_reduction_kw(c))

@@ -234,7 +234,9 @@ def _try_options(loss: Loss) -> None:
     the loss on a tiny example with the options and, to tell them apart from the example, without."""
     import torch
 
-    out = torch.rand(2, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.8 + 0.1
+    widths = [len(v) for k, v in loss.kwargs.items() if k in TENSOR_OPTIONS and isinstance(v, (tuple, list))]
+    out = torch.rand(2, widths[0] if widths else 3, generator=torch.Generator().manual_seed(0),
+                     dtype=torch.float64) * 0.8 + 0.1
     outputs = tuple(out for _ in range(loss.outputs)) if loss.outputs > 1 else out
 
     def error(options: Loss):

@@ -33,10 +33,15 @@ def make_train_step(model, optimizer=None, mesh=None{precision_arg}):
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), rest, opt_state), loss
 
+    def gathered(a):
+        # a copy on this host (gathered from every process): the next step donates the state's arrays
+        if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):  # a random stream's key: gathered as its bits
+            bits = multihost_utils.process_allgather(jax.random.key_data(a), tiled=True)
+            return jax.random.wrap_key_data(jnp.array(bits), impl=jax.random.key_impl(a))
+        return jnp.array(multihost_utils.process_allgather(a, tiled=True))
+
     def write_back(state):
-        # copies on this host (gathered from every process): the next step donates the state's arrays
-        params, rest = jax.tree.map(lambda a: jnp.array(multihost_utils.process_allgather(a, tiled=True)),
-                                    (state[0], state[1]))
+        params, rest = jax.tree.map(gathered, (state[0], state[1]))
         nnx.update(model, jax.tree.unflatten(param_tree, params), jax.tree.unflatten(rest_tree, rest))
 
     state = (param_leaves, rest_leaves, optimizer.init(param_leaves))
