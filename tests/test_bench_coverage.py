@@ -97,7 +97,7 @@ def test_cases_are_proved_refused_or_not_captured_with_their_reason(zoo, tmp_pat
     assert set(linear["samples"][0]["seconds"]) == {"export", "translate", "proof", "train", "files"}
     refused = records["refused"]
     assert (refused["export"], refused["translated"], refused["step"]) == (True, False, "translate")
-    assert refused["reason"] == "UnsupportedOpsError: no translation for aten.special_airy_ai.default"
+    assert refused["reason"].startswith("UnsupportedOpsError: no translation for aten.special_airy_ai.default")
     branchy = records["branchy"]
     assert (branchy["export"], branchy["step"]) == (False, "export") and branchy["reason"].startswith("torch.export: ")
     text = capsys.readouterr().out
