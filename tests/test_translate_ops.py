@@ -751,7 +751,11 @@ def test_random_op_draws_from_torchs_distribution(case):
         assert abs(got.std() - expected.std()) < 0.05 * scale, (code, got.std(), expected.std())
     step = 1.0 if np.array_equal(expected, expected.round()) else 0.0  # integer deciles may fall one apart
     for q in (0.1, 0.5, 0.9):
-        assert abs(np.quantile(got, q) - np.quantile(expected, q)) <= 0.05 * scale + step, (code, q)
+        # in probability, not value: a heavy tail (cauchy) moves the 0.9 quantile of 18000 draws by ~0.5
+        below = (np.mean(got <= np.quantile(expected, q)), np.mean(got < np.quantile(expected, q)))
+        sigma = np.sqrt(2 * q * (1 - q) / got.size)
+        assert abs(np.quantile(got, q) - np.quantile(expected, q)) <= 0.05 * scale + step or \
+            below[1] - 5 * sigma <= q <= below[0] + 5 * sigma, (code, q, below)
 
 
 @pytest.mark.parametrize("target,args", [(aten.multinomial.default, (pos(3, 4), 2)),
