@@ -81,7 +81,7 @@ MODELS = textwrap.dedent('''
         return {"fc": 1}
 ''')
 FILES = ("model.py", "weights.safetensors", "parity.md")
-WITH_STEP = FILES + ("train_step.py",)
+WITH_STEP = FILES + ("train_step.py", "train.py")  # --optimizer writes both
 # name: the command that makes the reference folder ({ref}) every case of it copies
 REF_COMMANDS = {
     "translation": ["translate", "{out}/models.py:mlp", "--input", "2,8", "--out", "{ref}", "--optimizer",

@@ -39,6 +39,20 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(h.flatten(1))))
 
 
+# Each script's start: the written model.py and train_step.py of the folder `out`, imported as files.
+LOAD_FILES = """
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, out + "/" + name + ".py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+model_py, train_step_py = load("model"), load("train_step")
+"""
+
+
 RUN = """
 import importlib.util, json, sys
 import jax
@@ -51,16 +65,7 @@ from jax.sharding import Mesh
 
 out = sys.argv[1]
 
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, out + "/" + name + ".py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-model_py, train_step_py = load("model"), load("train_step")
-x, y = np.load(out + "/x.npy"), np.load(out + "/y.npy")
+""" + LOAD_FILES + """x, y = np.load(out + "/x.npy"), np.load(out + "/y.npy")
 dtype = jnp.float64 if x64 else jnp.float32
 x = x.astype(dtype)
 
@@ -141,16 +146,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, out + "/" + name + ".py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-model_py, train_step_py = load("model"), load("train_step")
-x, y = np.load(out + "/x.npy").astype(np.float64), np.load(out + "/y.npy")
+""" + LOAD_FILES + """x, y = np.load(out + "/x.npy").astype(np.float64), np.load(out + "/y.npy")
 rows = slice(pid * len(x) // 2, (pid + 1) * len(x) // 2)  # this process's rows of the global batch
 model = model_py.load(out)
 nnx.update(model, jax.tree.map(lambda a: a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a,
@@ -199,16 +195,7 @@ import numpy as np
 from flax import nnx
 out = sys.argv[1]
 
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, out + "/" + name + ".py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-model_py, train_step_py = load("model"), load("train_step")
-x, y = np.load(out + "/x.npy").astype(np.float64), np.load(out + "/y.npy")
+""" + LOAD_FILES + """x, y = np.load(out + "/x.npy").astype(np.float64), np.load(out + "/y.npy")
 model = model_py.load(out)
 nnx.update(model, jax.tree.map(lambda a: a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a,
                                nnx.state(model)))

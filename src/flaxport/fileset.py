@@ -70,7 +70,7 @@ def write(directory, fill, names=(), what: str = "") -> Path:
     label = f"{what} {directory}".strip()
     directory = check(directory, names, what)
     existed = directory.exists()
-    made = _first_missing(directory.parent)
+    made = first_missing(directory.parent)
     tmp = None
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
@@ -86,18 +86,18 @@ def write(directory, fill, names=(), what: str = "") -> Path:
         _fsync_dir(directory.parent)
     except OSError as e:
         _remove(tmp)
-        _remove_empty(made)
+        remove_empty(made)
         kept = "the earlier files are kept" if existed else "nothing written"
         raise UserError(f"cannot write {label}: {e.strerror or e} ({kept})") from e
     except UserError as e:  # fill's own line (a checkpoint that cannot be written): named at its real place
         _remove(tmp)
-        _remove_empty(made)
+        remove_empty(made)
         if tmp is not None and e.args and isinstance(e.args[0], str):
             e.args = (e.args[0].replace(str(tmp), str(directory)),) + e.args[1:]
         raise
     except BaseException:
         _remove(tmp)
-        _remove_empty(made)
+        remove_empty(made)
         raise
     _remove(tmp)  # after the swap it holds the old set
     return directory
@@ -219,7 +219,8 @@ def _remove(path) -> None:
         Path(path).unlink(missing_ok=True)
 
 
-def _first_missing(path: Path) -> Path | None:
+def first_missing(path: Path) -> Path | None:
+    """The outermost directory of `path` that does not exist yet (what mkdir(parents) makes)."""
     missing = None
     for p in [path, *path.parents]:
         if p.exists():
@@ -228,7 +229,7 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def _remove_empty(top: Path | None) -> None:
+def remove_empty(top: Path | None) -> None:
     """Remove `top` if it holds nothing but empty folders (what a failed write made)."""
     if top is None or not top.is_dir():
         return

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from flaxport.cli import common
-from flaxport.errors import UserError
+from flaxport.errors import UserError, first_line
 
 DTYPES = ("float32", "float64", "int64", "int32", "bool")
 
@@ -236,14 +236,14 @@ def load_weights(module, path) -> None:
         try:
             arrays, _ = read_safetensors(path)
         except (OSError, ValueError, KeyError) as e:
-            raise UserError(f"--weights {path}: not a readable safetensors file ({_first_line(e)})") from e
+            raise UserError(f"--weights {path}: not a readable safetensors file ({first_line(e)})") from e
         state = {k: torch.from_numpy(v) for k, v in arrays.items()}
     else:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - refusing a pickle with code is the point
             raise UserError(f"--weights {path}: cannot read it as plain tensors (torch.load weights_only): "
-                            f"{_first_line(e)}") from e
+                            f"{first_line(e)}") from e
         if isinstance(state, dict) and not all(torch.is_tensor(v) for v in state.values()):
             state = state.get("state_dict") or state.get("model") or state
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
@@ -287,8 +287,4 @@ def _what(e: BaseException) -> str:
     """'RuntimeError: needs a GPU', or what a sys.exit() in the user's code said."""
     if isinstance(e, SystemExit):
         return f"it called sys.exit({e.code!r}) (translate needs the module returned, not the process ended)"
-    return f"{type(e).__name__}: {_first_line(e)}"
-
-
-def _first_line(e) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    return f"{type(e).__name__}: {first_line(e)}"

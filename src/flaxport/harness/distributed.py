@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from flaxport.errors import UserError
+from flaxport.errors import UserError, first_line
 
 DATA = "data"  # the mesh axis the batch is split along
 
@@ -85,8 +85,8 @@ def join(coordinator: str | None = None, num_processes: int | None = None, proce
         jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=timeout,
                                    cluster_detection_method="deactivate" if explicit else None)
     except Exception as e:  # noqa: BLE001 - connection refused, timeout, already initialised ...
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise UserError(f"cannot join the multi-process run at {coordinator or '(detected)'}: {first}") from e
+        where = coordinator or "(detected)"
+        raise UserError(f"cannot join the multi-process run at {where}: {first_line(e, 300)}") from e
     return True
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxport.errors import TrainingDiverged, UserError
+from flaxport.errors import TrainingDiverged, UserError, first_line
 from flaxport.harness.metrics import info
 
 # Test hook (shared with the Orbax store): seconds to sleep inside every save, after the
@@ -86,7 +86,7 @@ class TorchCodec:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:  # weights_only refused an object: it could run code
             raise Damaged(f"it holds Python objects other than tensors, refused unread (loading them could "
-                          f"run code): {_first_line(e)[:120]}") from None
+                          f"run code): {first_line(e, 120)}") from None
 
 
 class NpzCodec:
@@ -192,7 +192,7 @@ class FileStore:
         except Damaged:
             raise
         except Exception as e:  # noqa: BLE001 - loaders raise many types for a bad file
-            raise Damaged(f"unreadable: {_first_line(e)[:200]}") from None
+            raise Damaged(f"unreadable: {first_line(e)}") from None
         meta = payload.get("meta") if isinstance(payload, dict) else None
         if not isinstance(meta, dict) or not isinstance(payload.get("state"), dict):
             raise Damaged("not a flaxport checkpoint (no state and meta)")
@@ -313,11 +313,6 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
-
-
 def _reason(e: BaseException) -> str:
     """What went wrong writing, in the words of the OS where they can be found."""
     for err in (e, e.__cause__, e.__context__):
@@ -327,4 +322,4 @@ def _reason(e: BaseException) -> str:
     m = re.search(r"\[Errno (\d+)\]|errno[ =:]+(\d+)|os_error_code='(\d+)'", text)
     if m:
         return os.strerror(int(next(g for g in m.groups() if g)))
-    return _first_line(e)[:200]
+    return first_line(e)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from flaxport.errors import TrainingDiverged, UserError
+from flaxport.errors import TrainingDiverged, UserError, first_line
 from flaxport.harness import rng
 from flaxport.harness.epoch import epoch_batches, step_key
 from flaxport.harness.loop import RunResult
@@ -348,8 +348,7 @@ def train_stack(workload, config, members: list, *, workdir, epochs: int | None 
     try:
         compile_seconds = runner.compile(abstract, data_spec, {"data": key_spec, "train": key_spec})
     except Exception as e:  # noqa: BLE001 - a step that cannot be batched (an FFI call without a rule, ...)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f"{workload.name} cannot be vectorised with these settings: {first}") from e
+        raise UserError(f"{workload.name} cannot be vectorised with these settings: {first_line(e)}") from e
     check_memory(workload, config, k, data, steps, runner)
 
     identity = {"workload": workload.name, "framework": "jax"}

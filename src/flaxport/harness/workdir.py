@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from flaxport.errors import UserError
+from flaxport.fileset import first_missing, remove_empty
 
 
 def write_json(path: Path, obj) -> None:
@@ -111,7 +112,7 @@ class Claim:
 
     def release(self) -> None:
         if self._made is not None and not self.committed:
-            _remove_empty_tree(self._made)
+            remove_empty(self._made)
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
@@ -137,13 +138,13 @@ def claim(workdir, identity: dict, *, resume: bool, has_checkpoint, write: bool 
     made = None
     if write:
         try:
-            made = _first_missing(workdir)  # inside: a name too long for the file system fails here
+            made = first_missing(workdir)  # inside: a name too long for the file system fails here
             workdir.mkdir(parents=True, exist_ok=True)
             probe = tempfile.NamedTemporaryFile(dir=workdir, prefix=".write-test-")
             probe.close()
         except OSError as e:
             if made is not None:
-                _remove_empty_tree(made)
+                remove_empty(made)
             raise UserError(f"workdir {workdir} is not writable: {e.strerror or e}") from e
     fd = lock(workdir) if write else None
     held = Claim(workdir, identity, fd, made)
@@ -199,24 +200,3 @@ def holder_pid(directory) -> int | None:
         except ValueError:
             continue
     return None
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The outermost directory of `path` that does not exist yet (what mkdir(parents) makes)."""
-    missing = None
-    for p in [path, *path.parents]:
-        if p.exists():
-            break
-        missing = p
-    return missing
-
-
-def _remove_empty_tree(top: Path) -> None:
-    """Remove `top` if it holds nothing but empty directories."""
-    if not top.is_dir():
-        return
-    for root, _, _ in sorted(os.walk(top), key=lambda t: -len(t[0])):
-        try:
-            os.rmdir(root)
-        except OSError:
-            return

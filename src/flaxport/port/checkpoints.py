@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxport.errors import UserError
+from flaxport.errors import UserError, first_line
 from flaxport.port.twins import ema_name, part_names, parts
 from flaxport.port.weights import PortError, ShapeMismatchError, UnexpectedKeyError
 
@@ -69,7 +69,7 @@ def read_torch_file(path, workload) -> tuple[dict, dict | None]:
     try:  # weights_only: a checkpoint from elsewhere must not run code
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - pickle, zip and torch errors alike
-        raise UserError(f"{path}: not a readable torch checkpoint: {_first_line(e)}") from e
+        raise UserError(f"{path}: not a readable torch checkpoint: {first_line(e)}") from e
     meta = None
     ema = ema_name(name)
     if isinstance(obj, dict) and set(obj) >= {"state", "meta"} and isinstance(obj["meta"], dict):
@@ -118,7 +118,7 @@ def _read_safetensors(path, name) -> dict:
             meta = f.metadata() or {}
             out = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-        raise UserError(f"{path}: not a readable safetensors file: {_first_line(e)}") from e
+        raise UserError(f"{path}: not a readable safetensors file: {first_line(e)}") from e
     if meta.get("flaxport_workload") not in (None, name):
         raise UserError(f"{path} holds a {meta['flaxport_workload']!r} model, not {name!r}")
     return out
@@ -358,7 +358,3 @@ def init_state_from_torch(workload, config, path, key):
     flat, _ = read_torch_file(path, workload)
     state, _ = state_from_flat(workload, config, flat, key)
     return state
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]

@@ -16,6 +16,7 @@ import inspect
 import re
 
 from flaxport.bench.coverage.runner import select
+from flaxport.errors import first_line
 
 WIDTH = 32
 HEADS = 2
@@ -85,7 +86,7 @@ def build(name: str) -> list[tuple]:
             with torch.no_grad():
                 model(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - the next candidate may fit
-            failures.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}")
+            failures.append(f"{type(e).__name__}: {first_line(e, 160)}")
             continue
         return [(model, args, kwargs)]
     raise RuntimeError(f"no candidate input runs the torch model ({len(failures)} tried; the first: {failures[0]})")

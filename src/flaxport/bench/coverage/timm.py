@@ -10,6 +10,7 @@ own, that it runs on in eval mode (a model with a fixed input size is built for 
 from __future__ import annotations
 
 from flaxport.bench.coverage.runner import select
+from flaxport.errors import first_line
 
 BATCH = 2
 SIDES = (32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -43,7 +44,7 @@ def build(name: str) -> list[tuple]:
             with torch.no_grad():
                 model(x)
         except Exception as e:  # noqa: BLE001 - a larger side may fit
-            failures.append(f"{side}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}")
+            failures.append(f"{side}: {type(e).__name__}: {first_line(e, 160)}")
             continue
         return [(model, (x,), {})]
     raise RuntimeError(f"{model_name} ran on none of the sides tried (the smallest: {failures[0]})")

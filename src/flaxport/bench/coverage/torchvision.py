@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 
 from flaxport.bench.coverage.runner import select
+from flaxport.errors import first_line
 
 BATCH = 2
 GROUPS = ("classification", "segmentation", "video", "optical_flow")
@@ -41,7 +42,7 @@ def build(name: str) -> list[tuple]:
             with torch.no_grad():
                 model(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - a larger input may fit
-            failures.append(f"{size}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}")
+            failures.append(f"{size}: {type(e).__name__}: {first_line(e, 160)}")
             continue
         return [(model, args, kwargs)]
     raise RuntimeError(f"{name} ran on none of the inputs tried (the smallest: {failures[0]})")

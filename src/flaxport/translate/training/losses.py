@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 
+from flaxport.errors import first_line
 from flaxport.translate.training.texts import TrainStepError, check_literals, literal_kwargs, read_call, split_name
 
 
@@ -249,7 +250,7 @@ def _try_options(loss: Loss) -> None:
     e = error(loss)
     if e is not None and error(Loss(loss.name, {}, loss.text)) is None:
         raise TrainStepError(f"--loss {loss.text!r}: torch refuses these options: {type(e).__name__}: "
-                             f"{(str(e).splitlines() or [''])[0][:200]}")
+                             f"{first_line(e)}")
 
 
 def as_loss(loss) -> Loss:

@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import inspect
 
+from flaxport.errors import first_line
 from flaxport.translate.training.texts import TrainStepError, check_literals, literal_kwargs, read_call, split_name
 
 PREFIXES = ("", "torch.optim", "optim")
@@ -56,8 +57,7 @@ def make_torch_optimizer(name: str, kwargs: dict, params):
     try:
         return getattr(torch.optim, name)(params, **kwargs)
     except Exception as e:  # noqa: BLE001 - torch's checks of the arguments (TypeError, ValueError, IndexError)
-        raise TrainStepError(f"--optimizer torch.optim.{name}: {(str(e).splitlines() or [type(e).__name__])[0]}") \
-            from None
+        raise TrainStepError(f"--optimizer torch.optim.{name}: {first_line(e)}") from None
 
 
 @dataclasses.dataclass
