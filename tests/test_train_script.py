@@ -145,3 +145,15 @@ def test_a_torch_run_continued_by_train_py_matches_torch_float64(written):
 def test_mistakes_are_one_line_and_exit_2(written, flags, says):
     run = _train(written, *flags, "--workdir", written / "mistakes", check=False)
     assert run.returncode == 2 and says in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_a_loss_that_turns_nan_stops_with_exit_3_and_no_checkpoint_of_it(written):
+    """Batch 4 holds a NaN: steps 1-3 are recorded, the checkpoint of step 2 is kept, none of step 4."""
+    (written / "nan_data.py").write_text(textwrap.dedent(DATA) + "loader[3][0][0, 0, 0, 0] = np.nan\n")
+    workdir = written / "diverged"
+    run = _train(written, "--data", "nan_data.py:loader", "--steps", 6, "--save-every", 2, "--workdir", workdir,
+                 check=False)
+    assert run.returncode == 3 and "the loss is nan at step 4" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    assert len(_losses(workdir)) == 3 and all(np.isfinite(_losses(workdir)))
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [2]

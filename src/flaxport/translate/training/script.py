@@ -279,24 +279,37 @@ def main(argv=None):
     os.makedirs(args.workdir, exist_ok=True)
     metrics = open(os.path.join(args.workdir, "metrics.jsonl"), "a") if main_process else None
     stream = batches(data, start, dtype)
-    began, last = time.time(), None
-    for step in range(start + 1, args.steps + 1):
-        batch = next(stream)
-        tick = time.time()
-        state, loss = train_step(state, *batch)
+    began = tick = time.time()
+    last = pending = None  # (step, loss): a step's loss is read once the next step is queued, so the
+    # host never waits on the step it just handed to the devices
+
+    def record(step, loss):
+        nonlocal tick, last
         loss = float(loss)
         if not np.isfinite(loss):
             print(f"\ntrain.py: the loss is {{loss}} at step {{step}}; stopping (the last checkpoint is kept)",
                   file=sys.stderr)
             sys.exit(3)
+        now, last = time.time(), loss
         if main_process:
-            metrics.write(json.dumps({{"step": step, "loss": loss, "seconds": round(time.time() - tick, 6)}}) + "\n")
+            metrics.write(json.dumps({{"step": step, "loss": loss, "seconds": round(now - tick, 6)}}) + "\n")
             metrics.flush()
-            rate = (step - start) / max(time.time() - began, 1e-9)
+            rate = (step - start) / max(now - began, 1e-9)
             print(f"\rstep {{step}}/{{args.steps}}  loss {{loss:.4f}}  {{rate:.1f}} steps/s", end="", file=sys.stderr)
+        tick = now
+
+    for step in range(start + 1, args.steps + 1):
+        batch = next(stream)
+        state, loss = train_step(state, *batch)
+        if pending is not None:
+            record(*pending)
+        pending = (step, loss)
         if step % args.save_every == 0 or step == args.steps:
+            record(*pending)  # a checkpoint only of a step whose loss was finite
+            pending = None
             save(checkpoints, step, state)
-        last = loss
+    if pending is not None:
+        record(*pending)
     write_back(state)
     if main_process:
         print(file=sys.stderr)
