@@ -33,16 +33,23 @@ class Training:
             if value is not None and not value > 0:
                 raise TrainStepError(f"{name} {value:g}: clipping needs a positive bound")
 
-    def torch_loop(self, module):
-        """(a copy of module, its torch optimizer, its scheduler or None), as the user's loop has them."""
+    def torch_loop(self, module, dtype=None):
+        """(a copy of module, its torch optimizer, its scheduler or None), as the user's loop has them.
+
+        dtype: the copy's floating-point dtype, set before the optimizer makes any state (Adagrad
+        makes its sums in its constructor, in the parameters' dtype of that moment)."""
         if self.torch_objects is not None:
             m, opt, sched = copy.deepcopy((module, *self.torch_objects))
+            if dtype is not None:
+                m.to(dtype)
             if sched is not None and getattr(sched, "last_epoch", 0) > 0:
                 raise TrainStepError("the scheduler has stepped already: pass a fresh one (train.py "
                                      "--from-torch-checkpoint continues a torch run where it stopped)")
             opt.state.clear()  # the hyperparameters are read, not the state: the file starts afresh
             return m, opt, sched
         m = copy.deepcopy(module)
+        if dtype is not None:
+            m.to(dtype)
         opt = self.optimizer.make(m)
         return m, opt, (self.scheduler.make(opt) if self.scheduler is not None else None)
 

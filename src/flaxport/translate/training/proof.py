@@ -62,8 +62,8 @@ def prove(t, module, training, source, inputs, targets, steps: int):
     # dropout off on both sides (check_step above made the masks equal instead)
     with jax.enable_x64(True), torch_default_dtype(torch.float64), torch_dropout("off", None, DropoutLog()), \
             FlaxMasks([], "off", False).nnx():
-        tm64, opt, sched = training.torch_loop(module)
-        tm64.double().train()
+        tm64, opt, sched = training.torch_loop(module, torch.float64)
+        tm64.train()
         silence_recurrent_dropout(tm64)
         xs64 = [_float64(x) for x in inputs]
         y64 = _float64(targets)
