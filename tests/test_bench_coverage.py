@@ -205,3 +205,25 @@ def test_a_filter_is_comma_separated_regular_expressions_each_searched_in_the_na
     assert runner.select(names, "^bert$,vit") == ["bert", "vit", "vit_mae"]
     assert runner.select(names, "bert") == ["bert", "albert"]
     assert runner.select(names, None) == names == runner.select(names, " , ")
+
+
+@pytest.mark.torch
+def test_written_files_of_a_forward_that_draws_are_checked_with_torchs_draws():
+    """A forward that draws in eval mode too (randn_like, F.dropout(training=True), SDPA's dropout_p):
+    model.py takes torch's draws and masks, so its float32 output equals torch's; a file that drew
+    its own would be off by the size of the values."""
+    import torch
+    from torch.nn import functional as F
+
+    from flaxport.bench.coverage.case import check_sample
+
+    class Noisy(torch.nn.Module):
+        def forward(self, q, k, v):
+            attended = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, is_causal=True)
+            return F.dropout(attended, 0.3, training=True) + torch.randn_like(q)
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    out = check_sample(Noisy(), (q, k, v), {}, {}, lambda step: None)
+    assert out["step"] == "" and out["proof"], out
+    assert out["float32"] < 1e-5

@@ -20,6 +20,7 @@ torchax runs the same module on the same inputs beside it (see peer.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib
 import json
@@ -174,15 +175,24 @@ def _train(t, module, check_train) -> str:
 
 def _files(t, module, args, kwargs, out) -> str:
     """model.py and weights.safetensors written, loaded with model.py's own load(), run in eval mode
-    (against torch's float32 outputs) and in train mode."""
+    (against torch's float32 outputs, taking torch's random draws and dropout masks as the proof
+    does) and in train mode."""
     import importlib.util
 
     import jax
     import torch
 
-    from flaxport.translate.proof import _jax_arguments, _leaves_like  # the proof's own input and output order
+    from flaxport.port import draws as rnd
+    from flaxport.port.dropout import DropoutLog, FlaxMasks, torch_dropout
+    # the proof's own input and output order, and its test of a forward that draws
+    from flaxport.translate.proof import _jax_arguments, _leaves_like, draws_noise
 
-    torch_out = torch_output(module, args, kwargs)
+    capture = t.plan.captures.get("eval") or next(iter(t.plan.captures.values()))
+    drawn = rnd.Draws() if draws_noise(capture) else None
+    masks = DropoutLog()  # dropout on in eval mode too (F.dropout(training=True), SDPA's dropout_p)
+    with rnd.torch_recording(drawn) if drawn is not None else contextlib.nullcontext(), \
+            torch_dropout("equal", np.random.default_rng(0), masks):
+        torch_out = torch_output(module, args, kwargs)
     expected = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
     with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as directory:
         t.save(directory)
@@ -192,7 +202,9 @@ def _files(t, module, args, kwargs, out) -> str:
         model = model_py.load(directory)
     inputs = _jax_arguments(t, None)
     model.eval()
-    with jax.default_matmul_precision("highest"):
+    with jax.default_matmul_precision("highest"), \
+            rnd.jax_replay(drawn.standard) if drawn is not None else contextlib.nullcontext(), \
+            FlaxMasks([m for m, _, _ in masks.masks], "equal", False).nnx():
         got = [np.asarray(a) for a in _leaves_like(_call(model, inputs), torch_out)]
     if len(got) != len(expected):
         return f"model.py returns {len(got)} arrays in eval mode, torch {len(expected)}"
