@@ -227,3 +227,20 @@ def test_written_files_of_a_forward_that_draws_are_checked_with_torchs_draws():
     out = check_sample(Noisy(), (q, k, v), {}, {}, lambda step: None)
     assert out["step"] == "" and out["proof"], out
     assert out["float32"] < 1e-5
+
+
+@pytest.mark.torch
+def test_written_files_returning_a_python_number_are_compared_with_it():
+    """torch returns .item() as a Python number and model.py an array: the two are compared, not
+    counted as outputs torch lacks."""
+    import torch
+
+    from flaxport.bench.coverage.case import check_sample
+
+    class Total(torch.nn.Module):
+        def forward(self, x):
+            return x.sum().item()
+
+    out = check_sample(Total(), (torch.randn(3, 4),), {}, {}, lambda step: None)
+    assert out["step"] == "" and out["proof"], out
+    assert out["float32"] < 1e-5

@@ -193,7 +193,9 @@ def _files(t, module, args, kwargs, out) -> str:
     with rnd.torch_recording(drawn) if drawn is not None else contextlib.nullcontext(), \
             torch_dropout("equal", np.random.default_rng(0), masks):
         torch_out = torch_output(module, args, kwargs)
-    expected = [a.detach().numpy() for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a)]
+    # a Python number torch returns (.item(), a torch.Size) is an array in model.py's output
+    expected = [a.detach().numpy() if torch.is_tensor(a) else np.asarray(a)
+                for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a) or isinstance(a, (int, float))]
     with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as directory:
         t.save(directory)
         spec = importlib.util.spec_from_file_location("model", os.path.join(directory, "model.py"))

@@ -2,7 +2,7 @@
 
   names(filter=None) -> ["abs", "add", ..., "nn.functional.conv2d", ...]  the 669 entries with
       float32 CPU samples (sparse and CUDA-only entries left out); filter: comma-separated
-      substrings, a name is kept when it contains one of them
+      regular expressions, a name is kept when one of them finds it (runner.select)
   build(name, dtype=torch.float32, count=3) -> [(module, args, kwargs)]  the entry's first
       `count` samples; module(*args, **kwargs) calls the op as the sample does
 
@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+
+from flaxport.bench.coverage.runner import select
 
 LEFT_OUT = ("sparse.", "to_sparse", "jiterator_")  # sparse layouts and CUDA-only (jiterator) entries
 
@@ -48,9 +50,8 @@ def entry(name: str):
 
 
 def names(filter: str | None = None) -> list:  # noqa: A002 - the interface every coverage source shares
-    """Entry names (name.variant), in op_db's order."""
-    wanted = [f.strip() for f in (filter or "").split(",") if f.strip()]
-    return [n for n in _entries() if not wanted or any(w in n for w in wanted)]
+    """Entry names (name.variant), in op_db's order; those `filter` selects."""
+    return select(list(_entries()), filter)
 
 
 def build(name: str, dtype=None, count: int = 3) -> list:
