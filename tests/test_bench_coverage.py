@@ -230,17 +230,18 @@ def test_written_files_of_a_forward_that_draws_are_checked_with_torchs_draws():
 
 
 @pytest.mark.torch
-def test_written_files_returning_a_python_number_are_compared_with_it():
-    """torch returns .item() as a Python number and model.py an array: the two are compared, not
-    counted as outputs torch lacks."""
+@pytest.mark.parametrize("output", ["item", "complex"])
+def test_written_files_returning_a_number_or_complex_values_are_compared_whole(output):
+    """torch returns .item() as a Python number (model.py an array), and a complex tensor's imaginary
+    part counts: each is compared, not dropped or counted as an output torch lacks."""
     import torch
 
     from flaxport.bench.coverage.case import check_sample
 
-    class Total(torch.nn.Module):
+    class Out(torch.nn.Module):
         def forward(self, x):
-            return x.sum().item()
+            return x.sum().item() if output == "item" else torch.view_as_complex(x) * 2
 
-    out = check_sample(Total(), (torch.randn(3, 4),), {}, {}, lambda step: None)
+    out = check_sample(Out(), (torch.randn(3, 4, 2),), {}, {}, lambda step: None)
     assert out["step"] == "" and out["proof"], out
     assert out["float32"] < 1e-5
