@@ -416,3 +416,47 @@ def test_a_flatten_read_by_a_linear_stays_channels_last(layout, tmp_path):
     _torch_outputs(module, other)
     with pytest.raises(AssertionError, match="fc was translated for 3x2 maps"):
         t.model(jnp.asarray(other.numpy()))
+
+
+def test_a_class_nested_in_itself_builds_every_child():
+    """timm's DLA: a Tree holds Trees (levels > 1) or blocks (level 1), a projection only where the
+    channels change. The classes are decided from the deepest instances up, so every generated
+    class builds all the children its __call__ uses."""
+    import torch
+    from torch import nn
+
+    from flaxport.translate import translate
+
+    class Tree(nn.Module):
+        def __init__(self, levels, cin, cout):
+            super().__init__()
+            self.project = nn.Identity()
+            if cin != cout:
+                self.project = nn.Sequential(nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout))
+            if levels == 1:
+                self.tree1, self.tree2 = nn.Conv2d(cin, cout, 3, padding=1), nn.Conv2d(cout, cout, 3, padding=1)
+            else:
+                self.tree1, self.tree2 = Tree(levels - 1, cin, cout), Tree(levels - 1, cout, cout)
+
+        def forward(self, x):
+            return self.tree2(self.tree1(x) + self.project(x))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.body = Tree(1, 3, 8), Tree(3, 8, 16)
+
+        def forward(self, x):
+            return self.body(self.stem(x))
+
+    torch.manual_seed(0)
+    t = translate(Net().eval(), torch.randn(2, 3, 8, 8))
+    assert t.report.ok and t.report.precision == "float64", str(t.report)
+    tree = ast.parse(t.source)
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.startswith(("Tree", "Net"))):
+        built = {a.attr for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+                 for a in ast.walk(f) if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Store)}
+        used = {a.attr for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__call__"
+                for a in ast.walk(f) if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name)
+                and a.value.id == "self"}
+        assert used <= built, (cls.name, used - built, t.source)

@@ -282,27 +282,28 @@ def build_classes(plan):
         inst.synth = synth
         plan.instances[path] = inst
         pending.append(path)
-    by_class: dict = {}
+    left: dict = {}  # torch class -> paths of its instances not yet in a ClassDef
     for path in pending:
-        by_class.setdefault(type(plan.modules[path]), []).append(path)
-    done_classes = set()
+        left.setdefault(type(plan.modules[path]), []).append(path)
     names_taken = set(RUNTIME_NAMES)
-    while len(done_classes) < len(by_class):
+
+    def decide(cls, paths):
+        for p in paths:
+            plan.instances[p].init = init_lines(plan, p, plan.instances[p].synth)
+        _group(plan, cls, [plan.instances[p] for p in paths], names_taken)
+        left[cls] = [p for p in left[cls] if p not in paths]
+        if not left[cls]:
+            del left[cls]
+
+    while left:
         progress = False
-        for cls, paths in by_class.items():
-            if cls in done_classes or not all(_ready(plan, p) for p in paths):
-                continue
-            for p in paths:
-                plan.instances[p].init = init_lines(plan, p, plan.instances[p].synth)
-            _group(plan, cls, [plan.instances[p] for p in paths], names_taken)
-            done_classes.add(cls)
-            progress = True
-        if not progress:  # mutually nested classes: decide the rest one instance at a time
-            cls = next(c for c in by_class if c not in done_classes)
-            for p in by_class[cls]:
-                plan.instances[p].init = init_lines(plan, p, plan.instances[p].synth)
-            _group(plan, cls, [plan.instances[p] for p in by_class[cls]], names_taken)
-            done_classes.add(cls)
+        for cls in list(left):
+            if all(_ready(plan, p) for p in left[cls]):  # decided whole: its variants side by side
+                decide(cls, left[cls])
+                progress = True
+        if not progress:  # a class nested in itself (timm's DlaTree holds DlaTrees): its deepest instances first
+            waves = [(cls, [p for p in paths if _ready(plan, p)]) for cls, paths in left.items()]
+            decide(*next(((cls, paths) for cls, paths in waves if paths), next(iter(left.items()))))
 
 
 def _element_functions(plan):
