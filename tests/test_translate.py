@@ -460,3 +460,34 @@ def test_a_class_nested_in_itself_builds_every_child():
                 for a in ast.walk(f) if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name)
                 and a.value.id == "self"}
         assert used <= built, (cls.name, used - built, t.source)
+
+
+def test_a_module_list_with_an_identity_keeps_its_later_items_at_torchs_index():
+    """HRNet's fuse layers: ModuleLists of ModuleLists whose diagonal is nn.Identity (inlined, no
+    object in the file) and whose other items are called by index: the hole stays a None."""
+    import torch
+    from torch import nn
+
+    from flaxport.translate import translate
+
+    class Fuse(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fuse_layers = nn.ModuleList([
+                nn.ModuleList([nn.Identity(), nn.Sequential(nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4))]),
+                nn.ModuleList([nn.Conv2d(4, 8, 1), nn.Identity()])])
+
+        def forward(self, a, b):
+            xs, out = [a, b], []
+            for fuse in self.fuse_layers:
+                y = None
+                for j, f in enumerate(fuse):
+                    y = f(xs[j]) if y is None else y + f(xs[j])
+                out.append(torch.relu(y))
+            return out
+
+    torch.manual_seed(0)
+    t = translate(Fuse().eval(), torch.randn(2, 4, 5, 5), torch.randn(2, 8, 5, 5))
+    assert t.report.ok and t.report.precision == "float64", str(t.report)
+    assert "nnx.List([None, nnx.Sequential(" in t.source
+    assert set(t.state_dict()) == set(Fuse().state_dict())

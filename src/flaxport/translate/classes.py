@@ -178,8 +178,12 @@ def child_constructor(plan, path):
             if ctor is None:
                 if kind == "sequential":
                     return None
+                if not isinstance(module, nn.ModuleDict):  # a hole keeps the list's later items at torch's index
+                    items.append((name, ["None"]))
                 continue
             items.append((name, ctor))
+        while items and items[-1][1] == ["None"]:
+            items.pop()
         if not items and kind == "container":
             return None
         if kind == "sequential":
