@@ -491,3 +491,38 @@ def test_a_module_list_with_an_identity_keeps_its_later_items_at_torchs_index():
     assert t.report.ok and t.report.precision == "float64", str(t.report)
     assert "nnx.List([None, nnx.Sequential(" in t.source
     assert set(t.state_dict()) == set(Fuse().state_dict())
+
+
+def test_a_sequential_with_a_forward_of_its_own_runs_that_forward():
+    """torchvision DeepLabV3's ASPPPooling: an nn.Sequential subclass whose forward runs its children
+    and then resizes back to the input's size. It is a class of its own, not an nnx.Sequential."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    from flaxport.translate import translate
+
+    class ASPPPooling(nn.Sequential):
+        def __init__(self, cin, cout):
+            super().__init__(nn.AdaptiveAvgPool2d(1), nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout),
+                             nn.ReLU())
+
+        def forward(self, x):
+            size = x.shape[-2:]
+            for mod in self:
+                x = mod(x)
+            return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.pool = nn.Conv2d(4, 8, 3, padding=1), ASPPPooling(4, 8)
+
+        def forward(self, x):
+            return torch.cat([self.conv(x), self.pool(x)], 1)
+
+    torch.manual_seed(0)
+    t = translate(Net().eval(), torch.randn(2, 4, 6, 6))
+    assert t.report.ok and t.report.precision == "float64", str(t.report)
+    assert "class ASPPPooling(nnx.Module)" in t.source
+    assert set(t.state_dict()) == set(Net().state_dict())

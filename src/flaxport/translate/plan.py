@@ -126,8 +126,8 @@ class Plan:
                 kind = "generated"
             elif layer_table.is_inline(m):
                 kind = "inline"
-            elif isinstance(m, nn.Sequential) and frames:
-                kind = "sequential"
+            elif isinstance(m, nn.Sequential) and frames and type(m).forward is nn.Sequential.forward:
+                kind = "sequential"  # (a subclass with a forward of its own, DeepLab's ASPPPooling, is a class)
             elif isinstance(m, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) and not (frames and _own_forward(m)):
                 kind = "container"
             else:
