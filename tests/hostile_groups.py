@@ -270,12 +270,12 @@ def cases(case) -> list:
         ("torch.optim.SGD(lr=0.1, **{'momentum': 1})", "F.mse_loss"), ("torch.optim.SGD(lr=0.1, weight_decay=-1)",
                                                                       "F.mse_loss"),
         ("torch.optim.Adam(betas=(0.9, 1.5))", "F.mse_loss"), ("torch.optim.Adam(eps=-1)", "F.mse_loss"),
-        ("torch.optim.Adam(amsgrad=True)", "F.mse_loss"), ("os.system('touch PLANTED')", "F.mse_loss"),
+        ("os.system('touch PLANTED')", "F.mse_loss"),
         ("__import__('os').system('touch PLANTED')", "F.mse_loss"),
         ("torch.optim.SGD(lr=0.1)", "nn.MSELoss(reduction='bogus')"),
         ("torch.optim.SGD(lr=0.1)", "F.cross_entropy(label_smoothing=2.0)"),
         ("torch.optim.SGD(lr=0.1)", "F.cross_entropy(ignore_index='x')"),
-        ("torch.optim.SGD(lr=0.1)", "F.cross_entropy(weight=[1, 2])"), ("torch.optim.SGD(lr=0.1)", "F.kl_div"),
+        ("torch.optim.SGD(lr=0.1)", "F.cross_entropy(weight=[1, 2])"),
         ("torch.optim.SGD(lr=0.1)", "F.mse_loss(size_average=True)"),
         ("torch.optim.SGD(lr=0.1)", "(lambda: __import__('os').system('touch PLANTED'))()"),
     ]
@@ -288,6 +288,10 @@ def cases(case) -> list:
         case("translate text Adam and cross_entropy", [*tr, "--input", "2,8", "--optimizer", "torch.optim.Adam(lr=1e-3)",
                                                        "--loss", "F.cross_entropy", *out], "ok", files=WITH_STEP),
     ]
+    # options and losses a user may well write, each translated and proven
+    for optimizer, loss in [("torch.optim.Adam(amsgrad=True)", "F.mse_loss"), ("torch.optim.SGD(lr=0.1)", "F.kl_div")]:
+        c.append(case(f"translate text --optimizer {optimizer} --loss {loss}",
+                      [*tr, "--input", "2,8", "--optimizer", optimizer, "--loss", loss, *out], "ok", files=WITH_STEP))
     # ---------------------------------------------------------------- translate: the output folder
     into = ["--input", "2,8", "--out", "{run}"]
     c += [

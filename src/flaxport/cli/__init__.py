@@ -45,9 +45,10 @@ def main(argv=None) -> int:
         if interrupted and code == 0:  # a Ctrl-C that landed where Python could not raise it
             code, last = 130, "flaxport: interrupted"
     if last:
-        print(last, file=sys.stderr)
         if process and not debug:
-            _mute_stderr()
+            _last_line(last)
+        else:
+            print(last, file=sys.stderr)
     return code
 
 
@@ -96,17 +97,21 @@ def _interrupts_kept():
         sys.unraisablehook = previous
 
 
-def _mute_stderr() -> None:
-    """Point stderr at /dev/null once the last line is out: what Orbax's or XLA's threads
-    print as a failed process ends (a traceback of the write that already failed) would
-    follow the one line."""
+def _last_line(line: str) -> None:
+    """Print `line` as stderr's last: stderr points at /dev/null first and the line goes to the
+    terminal by a descriptor of its own, so what Orbax's or XLA's threads print as a failed process
+    ends (a traceback of the write that already failed) cannot follow it, even at the same moment."""
     sys.stderr.flush()
     try:
+        terminal = os.dup(2)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)
         os.close(devnull)
     except OSError:
-        pass
+        print(line, file=sys.stderr)
+        return
+    os.write(terminal, (line + "\n").encode(errors="replace"))
+    os.close(terminal)
 
 
 def _out_of_memory(e: Exception) -> bool:
