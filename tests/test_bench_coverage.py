@@ -245,3 +245,24 @@ def test_written_files_returning_a_number_or_complex_values_are_compared_whole(o
     out = check_sample(Out(), (torch.randn(3, 4, 2),), {}, {}, lambda step: None)
     assert out["step"] == "" and out["proof"], out
     assert out["float32"] < 1e-5
+
+
+@pytest.mark.torch
+def test_speed_times_a_proved_classifier_and_the_table_shows_it():
+    """--speed: the translated forward and train step against torch eager, as ratios in the record
+    and two columns of the case table; a model that is not a classifier gets no step figure."""
+    import torch
+
+    from flaxport.bench.coverage.case import check_sample, summarize
+
+    torch.manual_seed(0)
+    classifier = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).eval()
+    sample = check_sample(classifier, (torch.randn(2, 4),), {}, {}, lambda step: None, speed=True)
+    assert sample["proof"] and set(sample["speed"]) == {"forward", "step"}, sample
+    assert all(0 < sample["speed"][part] < 1000 for part in ("forward", "step"))
+    record = {"name": "mlp", "seconds": 1.0, **summarize([sample])}
+    row = table.markdown([record], speed=True).splitlines()[2]
+    assert f"| {sample['speed']['forward']:.2f}x | {sample['speed']['step']:.2f}x |" in row
+    pooled = check_sample(torch.nn.AdaptiveAvgPool2d(1).eval(), (torch.randn(2, 3, 4, 4),), {}, {},
+                          lambda step: None, speed=True)
+    assert pooled["speed"]["step"] is None and pooled["speed"]["forward"] > 0

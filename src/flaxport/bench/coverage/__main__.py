@@ -30,6 +30,9 @@ def _args(argv):
     p.add_argument("--filter", default=None, metavar="REGEX[,REGEX...]",
                    help="only the cases whose name one of these regular expressions finds (re.search), e.g. '^bert$,vit'")
     p.add_argument("--peer", choices=("torchax",), default=None, help="also run torchax on the same inputs")
+    p.add_argument("--speed", action="store_true",
+                   help="also time each proved case's translated forward and train step against torch eager "
+                        "(its own inputs, the same threads; flaxport.bench.convnets.time_translation)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the records to OUT as JSON lines")
     p.add_argument("--resume", action="store_true", help="keep OUT's records and run only the cases it lacks")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
@@ -75,7 +78,7 @@ def main(argv=None) -> int:
             out.write(json.dumps({"run": run}) + "\n")
     try:
         records = runner.run(args.source, names, timeout=args.timeout, memory_gb=args.memory, peer=args.peer,
-                             out=out, done={r["name"] for r in previous}, log=sys.stderr)
+                             speed=args.speed, out=out, done={r["name"] for r in previous}, log=sys.stderr)
     finally:
         if out is not None:
             out.close()
@@ -92,7 +95,7 @@ def describe(args, argv) -> dict:
     return {"source": args.source, "command": "python -m flaxport.bench.coverage " + shlex.join(words),
             "date": datetime.date.today().isoformat(), "versions": {p: _version(p) for p in packages},
             "machine": f"{_cpus()}-CPU {cpu_model()}, {platform.system()}", "timeout": args.timeout,
-            "memory_gb": args.memory, "peer": args.peer}
+            "memory_gb": args.memory, "peer": args.peer, "speed": args.speed}
 
 
 def tables(run: dict, records: list) -> str:
@@ -101,7 +104,7 @@ def tables(run: dict, records: list) -> str:
     header = (f"`{run['command']}`: {run['date']}, {run['machine']}; {versions}; at most {run['timeout']:g} CPU "
               f"seconds and {run['memory_gb']:g} GB a case.\n")
     return "\n".join([header, table.summary({run["source"]: records}, run.get("peer")),
-                      table.markdown(records, run.get("peer")), "What does not pass:\n", table.failures(records)])
+                      table.markdown(records, run.get("peer"), run.get("speed")), "What does not pass:\n", table.failures(records)])
 
 
 def read(path) -> tuple[dict, list]:

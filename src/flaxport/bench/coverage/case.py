@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("name")
     p.add_argument("result", help="where to write the case's JSON record")
     p.add_argument("--peer", choices=("torchax",), default=None)
+    p.add_argument("--speed", action="store_true")
     args = p.parse_args(argv)
     record = {"source": args.source, "name": args.name, "step": "build", "samples": []}
     progress = _Progress(Path(args.result), record)
@@ -63,7 +64,9 @@ def main(argv=None) -> int:
         for module, example_args, example_kwargs in samples:
             sample = {}
             record["samples"].append(sample)
-            check_sample(module, example_args, example_kwargs, sample, progress)
+            # timed on the first sample only (an op's samples are small and alike)
+            check_sample(module, example_args, example_kwargs, sample, progress,
+                         speed=args.speed and len(record["samples"]) == 1)
             if args.peer:
                 from flaxport.bench.coverage import peer
 
@@ -75,10 +78,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def check_sample(module, args: tuple, kwargs: dict, out: dict, progress) -> dict:
+def check_sample(module, args: tuple, kwargs: dict, out: dict, progress, speed: bool = False) -> dict:
     """Fill `out` with one sample's steps: model, parameters, export, translated, proof, float64,
     float32 (largest |torch - model.py| over the outputs), lines, seconds (per step), step (the first
-    that failed, or "" when proved) and reason (its one line). -> out"""
+    that failed, or "" when proved) and reason (its one line); with `speed`, a proved sample's
+    "speed" too (see _speed). -> out"""
     out.update(model=_label(module), parameters=int(sum(p.numel() for p in module.parameters())),
                export=None, translated=False, proof=False, float64=None, float32=None, lines=None, step="", reason="")
     settle(module, args, kwargs)
@@ -117,7 +121,29 @@ def check_sample(module, args: tuple, kwargs: dict, out: dict, progress) -> dict
     out["proof"] = not failed
     if failed:
         out["step"], out["reason"] = failed[0]
+    elif speed:
+        progress("speed")
+        out["speed"] = _speed(t, module, args, kwargs)
     return out
+
+
+def _speed(t, module, args, kwargs) -> dict:
+    """{"forward": jax/torch median-time ratio, "step": the same for the generated train_step.py (None
+    where the model's output is not a classifier's), or "error": why it could not be timed}: the
+    translated model jitted against torch eager on the sample's own input, with the same threads."""
+    import torch
+
+    from flaxport.bench.convnets import time_translation
+
+    if kwargs or len(args) != 1 or not torch.is_tensor(args[0]):
+        return {"error": "timed only for a model of one tensor input"}
+    out = torch_output(module, args, kwargs)
+    train = torch.is_tensor(out) and out.ndim == 2 and out.is_floating_point()  # a classifier's logits
+    try:
+        figures = time_translation(module, args[0], rounds=5, train=train, translation=t)
+    except Exception as e:  # noqa: BLE001 - a model the timing cannot run is a record, not a crash
+        return {"error": one_line(e)}
+    return {"forward": figures["forward"]["ratio"], "step": figures["step"]["ratio"] if train else None}
 
 
 def settle(module, args, kwargs) -> None:
@@ -275,6 +301,9 @@ def summarize(samples: list) -> dict:
         out["peer"] = {"name": peers[0]["name"], "ok": all(p["ok"] for p in peers),
                        "float32": max((p["float32"] for p in peers if p["float32"] is not None), default=None),
                        "reason": next((p["reason"] for p in peers if p["reason"]), "")}
+    speeds = [s["speed"] for s in samples if s.get("speed")]
+    if speeds:  # the first sample's: a zoo case has one, and an op's samples differ in size
+        out["speed"] = speeds[0]
     return out
 
 

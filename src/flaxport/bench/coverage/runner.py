@@ -48,14 +48,14 @@ def source_module(source: str):
         raise SourceMissing(f"--source {source}: this flaxport has no {where}") from None
 
 
-def run(source: str, names: list, *, timeout: float, memory_gb: float, peer: str | None = None,
+def run(source: str, names: list, *, timeout: float, memory_gb: float, peer: str | None = None, speed: bool = False,
         out=None, done=None, log=None) -> list:
     """Each case of `names` in turn (those in `done`, a set of names, skipped) -> [record]; every record
     is also written to `out` (a text file, one JSON line each, flushed) and a progress line to `log`."""
     records = []
     todo = [n for n in names if n not in (done or ())]
     for i, name in enumerate(todo, 1):
-        record = run_case(source, name, timeout=timeout, memory_gb=memory_gb, peer=peer)
+        record = run_case(source, name, timeout=timeout, memory_gb=memory_gb, peer=peer, speed=speed)
         records.append(record)
         if out is not None:
             out.write(json.dumps(record) + "\n")
@@ -65,14 +65,15 @@ def run(source: str, names: list, *, timeout: float, memory_gb: float, peer: str
     return records
 
 
-def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: str | None = None) -> dict:
+def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: str | None = None,
+             speed: bool = False) -> dict:
     """One case in a child process -> its record (see case.py), with `seconds` and `cpu_seconds` (the
     child's wall and CPU time, imports included); a child stopped or dead says so in `step` and `reason` (in the peer's record
     when only the peer was left to run)."""
     with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as tmp:
         result, stderr_path = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
         command = [sys.executable, "-m", "flaxport.bench.coverage.case", source, name, str(result)]
-        command += ["--peer", peer] if peer else []
+        command += (["--peer", peer] if peer else []) + (["--speed"] if speed else [])
         start = time.perf_counter()
         with open(stderr_path, "wb") as stderr:
             child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
@@ -91,6 +92,9 @@ def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: 
             # flaxport's steps all ran: the peer alone did not finish
             samples[-1]["peer"] = {"name": peer, "ok": False, "float64": None, "float32": None, "seconds": None,
                                    "reason": why}
+            record.update(summarize(samples))
+        elif why and running == "speed" and len(samples) == record.get("sample_count") == 1:
+            samples[0]["speed"] = {"error": why}  # proved; only its timing did not finish
             record.update(summarize(samples))
         elif why:
             record.update(step=running, reason=why)

@@ -44,13 +44,16 @@ def summary(records_by_source: dict, peer: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown(records: list, peer: str | None = None) -> str:
+def markdown(records: list, peer: str | None = None, speed: bool = False) -> str:
     """One row per case: model, parameters, captured, translated, proved, largest float32 output
-    difference of the written model.py, generated lines, seconds (and the peer's verdict), reason."""
+    difference of the written model.py, generated lines, seconds (and the peer's verdict; with
+    `speed`, the translated forward's and train step's time as a multiple of torch eager's), reason."""
     head = "| case | model | parameters | captured | translated | proved | float32 diff | lines | s |"
     rule = "|---|---|---:|:-:|:-:|:-:|---:|---:|---:|"
     if peer:
         head, rule = head + f" {peer} |", rule + ":-:|"
+    if speed:
+        head, rule = head + " forward vs torch | step vs torch |", rule + "---:|---:|"
     lines = [head + " reason |", rule + "---|"]
     for r in records:
         row = (f"| {r['name']} | {_cell(r.get('model') or '-')} | {_count(r.get('parameters'))} | {_yes(r.get('export'))} "
@@ -58,6 +61,8 @@ def markdown(records: list, peer: str | None = None) -> str:
                f"| {r.get('lines') or '-'} | {r.get('seconds', 0):.0f} |")
         if peer:
             row += f" {_yes(r['peer']['ok']) if r.get('peer') else '-'} |"
+        if speed:
+            row += " " + " | ".join(_ratio((r.get("speed") or {}).get(part)) for part in ("forward", "step")) + " |"
         lines.append(row + f" {_cell(_reason(r))} |")
     return "\n".join(lines) + "\n"
 
@@ -74,6 +79,10 @@ def failures(records: list) -> str:
         lines.append(f"- **{step}** ({len(cases)}):")
         lines += [f"  - `{r['name']}`: {_cell(_reason(r))}" for r in cases]
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _ratio(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def _reason(r) -> str:
