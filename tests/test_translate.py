@@ -64,7 +64,7 @@ def _resized(inputs, name):
         shape[0] = 3
         if name in ("transformer", "bert", "gpt2") and len(shape) == 2:
             shape[1] = shape[1] + 3
-        if name in ("resnet18", "mobilenet", "unet") and len(shape) == 4:
+        if name in ("resnet18", "mobilenet", "unet", "aspp") and len(shape) == 4:
             shape[2:] = [s * 2 for s in shape[2:]]
         g = torch.Generator().manual_seed(7)
         if x.dtype == torch.bool:
@@ -513,16 +513,29 @@ def test_a_sequential_with_a_forward_of_its_own_runs_that_forward():
                 x = mod(x)
             return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
 
-    class Net(nn.Module):
+    class ASPP(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv, self.pool = nn.Conv2d(4, 8, 3, padding=1), ASPPPooling(4, 8)
+            self.convs = nn.ModuleList([nn.Conv2d(4, 8, 3, padding=1), ASPPPooling(4, 8)])
 
         def forward(self, x):
-            return torch.cat([self.conv(x), self.pool(x)], 1)
+            return torch.cat([conv(x) for conv in self.convs], 1)
+
+    class Net(nn.Module):  # the head an nn.Sequential, its input's size an expression of the image's
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+            self.head = nn.Sequential(ASPP(), nn.Conv2d(16, 2, 1))
+
+        def forward(self, x):
+            return self.head(self.stem(x))
 
     torch.manual_seed(0)
-    t = translate(Net().eval(), torch.randn(2, 4, 6, 6))
+    module, x = Net().eval(), torch.randn(2, 3, 12, 12)
+    t = translate(module, x)
     assert t.report.ok and t.report.precision == "float64", str(t.report)
-    assert "class ASPPPooling(nnx.Module)" in t.source
-    assert set(t.state_dict()) == set(Net().state_dict())
+    # the resize reads the size from ASPPPooling's own input, not from arguments a Sequential cannot pass
+    assert "class ASPPPooling(nnx.Module)" in t.source and "def __call__(self, x):" in t.source
+    assert "size=(x.shape[2], x.shape[3])" in t.source
+    assert set(t.state_dict()) == set(module.state_dict())
+    _assert_runs_like_torch_at_other_sizes(module, (x,), t, "aspp")

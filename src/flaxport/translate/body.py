@@ -247,9 +247,12 @@ class BodyRenderer:
                 elif isinstance(v, str):
                     symbols.append(v)
                 elif hasattr(v, "op") and cap.is_sym(v):
-                    symbols.extend(str(s) for s in v.meta["val"].node.expr.free_symbols)
+                    expr = v.meta["val"].node.expr
+                    symbols.extend([str(s) for s in expr.free_symbols] + ([] if expr.is_Symbol else [str(expr)]))
                 elif isinstance(v, torch.SymInt):
-                    symbols.extend(str(s) for s in v.node.expr.free_symbols)
+                    expr = v.node.expr
+                    # a compound size too ((s0 - 1)//2 + 1): an input holding it whole keeps its name until here
+                    symbols.extend([str(s) for s in expr.free_symbols] + ([] if expr.is_Symbol else [str(expr)]))
 
             if u.kind == "call":
                 collect(self.plan.io(u.frame)[0])
