@@ -142,7 +142,7 @@ def test_the_translate_benchmark_times_every_model_and_they_agree(tmp_path):
     subprocess.run([sys.executable, "-m", "flaxport.bench.translate", "--rounds", "1", "--calls", "1", "--json",
                     str(out)], check=True, capture_output=True, timeout=600)
     figures = json.loads(out.read_text())
-    names = {"translated (nchw)", "translated (nhwc)", "translated (nchw, --conv native)",
-             "translated (nhwc, --conv native)", "hand-written (native conv)", "hand-written (xla conv)"}
+    names = {"translated (nchw, --conv xla)", "translated (nhwc, --conv xla)", "translated (nchw)",
+             "translated (nhwc)", "hand-written (native conv)", "hand-written (xla conv)"}
     assert set(figures["median_ms"]) == names and all(ms > 0 for ms in figures["median_ms"].values())
     assert max(figures["max_abs_output_difference"].values()) < 1e-5

@@ -7,9 +7,9 @@ steady state, in interleaved rounds (a slow spell of the shared machine hits eve
 alike), medians compared; compile times are reported apart. The hand-written model runs
 twice: with the config's convolution (flaxport's native FFI kernels on CPU) and with
 XLA's convolution, and the translation four times: torch's layout and --layout nhwc,
-each on XLA's convolution (the default file, which imports only jax, flax and numpy) and
-with --conv native (the file calls flaxport's kernels), so the figures say which part is
-layout and which is the kernel.
+each with --conv xla (XLA's convolutions only) and with --conv native (the default: the
+file calls flaxport's kernels), so the figures say which part is layout and which is the
+kernel.
 
 With --train it times the train step instead: train_step.py as `translate --optimizer
 "torch.optim.Adam(lr=1e-3)" --loss "torch.nn.functional.nll_loss"` writes it (the config's
@@ -27,9 +27,8 @@ import time
 
 
 # (row name, translate's layout, translate's conv)
-TRANSLATIONS = (("translated (nchw)", "nchw", "xla"), ("translated (nhwc)", "nhwc", "xla"),
-                ("translated (nchw, --conv native)", "nchw", "native"),
-                ("translated (nhwc, --conv native)", "nhwc", "native"))
+TRANSLATIONS = (("translated (nchw, --conv xla)", "nchw", "xla"), ("translated (nhwc, --conv xla)", "nhwc", "xla"),
+                ("translated (nchw)", "nchw", "native"), ("translated (nhwc)", "nhwc", "native"))
 
 
 def _args(argv):

@@ -481,7 +481,10 @@ class Plan:
         the float64 capture), with x a named float value in scope that follows it too."""
         if self.f64 is None:
             return None
-        twin = self._f64_by_name.get(node.name)
+        # the float64 capture is of eval mode: another mode's nodes have no twins there by name (its
+        # names shift with the ops only it has), so there a float32 value follows the compute dtype
+        same_mode = body.capture.mode == self.f64.mode
+        twin = self._f64_by_name.get(node.name) if same_mode else None
         val = node.meta.get("val")
         if twin is None:
             # dropped from the float64 capture as a cast to the dtype it already had: it follows
@@ -496,10 +499,12 @@ class Plan:
         for v in list(body.inputs) + list(body.names):
             if isinstance(v, str) or v not in body.names:
                 continue
-            t = self._f64_by_name.get(v.name)
             vv = v.meta.get("val")
-            if t is not None and hasattr(vv, "dtype") and str(vv.dtype) == str(val.dtype) and \
-                    str(t.meta.get("val").dtype) == str(twin_val.dtype):
+            if not hasattr(vv, "dtype") or str(vv.dtype) != str(val.dtype):
+                continue
+            t = self._f64_by_name.get(v.name) if same_mode else None
+            if (str(t.meta.get("val").dtype) == str(twin_val.dtype) if t is not None
+                    else not same_mode and str(vv.dtype) == "torch.float32"):
                 return f"{body.names[v]}.dtype"
         return None
 
