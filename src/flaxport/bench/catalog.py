@@ -11,10 +11,8 @@ TORCHVISION_CNNS = ("alexnet", "vgg11_bn", "resnet18", "resnet50", "resnext50_32
                     "densenet121", "squeezenet1_1", "googlenet", "inception_v3", "shufflenet_v2_x1_0",
                     "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "mnasnet1_0", "efficientnet_b0",
                     "efficientnet_v2_s", "regnet_x_400mf", "regnet_y_400mf", "convnext_tiny")
-# A small member of timm's CNN families. The second line's did not translate on 2026-11-26:
-# their BatchNormAct2d calls F.batch_norm with running statistics in train mode, which has no
-# translation (dla34 and hrnet_w18_small stop at "no torch value for the variables ..."); they
-# stay listed so the table shows them when they do.
+# A small member of timm's CNN families (the second line's use timm's BatchNormAct2d, DLA's
+# trees nested in themselves and HRNet's fuse layers).
 TIMM_CNNS = ("timm/resnet26d", "timm/resnet50d", "timm/seresnext26d_32x4d", "timm/res2net50_26w_4s",
              "timm/resnest14d", "timm/selecsls42b", "timm/convnext_atto", "timm/vgg11",
              "timm/efficientnet_b0", "timm/mobilenetv3_large_100", "timm/regnety_008", "timm/rexnet_100",
