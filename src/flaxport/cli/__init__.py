@@ -104,12 +104,15 @@ def _last_line(line: str) -> None:
     sys.stderr.flush()
     try:
         terminal = os.dup(2)
+    except OSError:
+        print(line, file=sys.stderr)
+        return
+    try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)
         os.close(devnull)
     except OSError:
-        print(line, file=sys.stderr)
-        return
+        pass  # stderr stays as it was: the line still goes out
     os.write(terminal, (line + "\n").encode(errors="replace"))
     os.close(terminal)
 

@@ -247,12 +247,13 @@ class BodyRenderer:
                 elif isinstance(v, str):
                     symbols.append(v)
                 elif hasattr(v, "op") and cap.is_sym(v):
-                    expr = v.meta["val"].node.expr
-                    symbols.extend([str(s) for s in expr.free_symbols] + ([] if expr.is_Symbol else [str(expr)]))
+                    sizes(v.meta["val"].node.expr)
                 elif isinstance(v, torch.SymInt):
-                    expr = v.node.expr
-                    # a compound size too ((s0 - 1)//2 + 1): an input holding it whole keeps its name until here
-                    symbols.extend([str(s) for s in expr.free_symbols] + ([] if expr.is_Symbol else [str(expr)]))
+                    sizes(v.node.expr)
+
+            def sizes(expr):
+                # a compound size too ((s0 - 1)//2 + 1): an input holding it whole keeps its name until here
+                symbols.extend([str(s) for s in expr.free_symbols] + ([] if expr.is_Symbol else [str(expr)]))
 
             if u.kind == "call":
                 collect(self.plan.io(u.frame)[0])

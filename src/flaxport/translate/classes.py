@@ -305,9 +305,10 @@ def build_classes(plan):
             if all(_ready(plan, p) for p in left[cls]):  # decided whole: its variants side by side
                 decide(cls, left[cls])
                 progress = True
-        if not progress:  # a class nested in itself (timm's DlaTree holds DlaTrees): its deepest instances first
-            waves = [(cls, [p for p in paths if _ready(plan, p)]) for cls, paths in left.items()]
-            decide(*next(((cls, paths) for cls, paths in waves if paths), next(iter(left.items()))))
+        if not progress:  # a class nested in itself (timm's DlaTree holds DlaTrees): its deepest instances
+            # first (the deepest instance left has no undecided child, so some instance is always ready)
+            waves = ((cls, [p for p in paths if _ready(plan, p)]) for cls, paths in left.items())
+            decide(*next((cls, ready) for cls, ready in waves if ready))
 
 
 def _element_functions(plan):

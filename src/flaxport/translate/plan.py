@@ -495,7 +495,6 @@ class Plan:
             twin_dtype = getattr(twin.meta.get("val"), "dtype", None)
         if twin_dtype is None or not hasattr(val, "dtype") or str(twin_dtype) == str(val.dtype):
             return None
-        twin_val = type("V", (), {"dtype": twin_dtype})
         for v in list(body.inputs) + list(body.names):
             if isinstance(v, str) or v not in body.names:
                 continue
@@ -503,8 +502,7 @@ class Plan:
             if not hasattr(vv, "dtype") or str(vv.dtype) != str(val.dtype):
                 continue
             t = self._f64_by_name.get(v.name) if same_mode else None
-            if (str(t.meta.get("val").dtype) == str(twin_val.dtype) if t is not None
-                    else not same_mode and str(vv.dtype) == "torch.float32"):
+            if not same_mode or t is not None and str(t.meta.get("val").dtype) == str(twin_dtype):
                 return f"{body.names[v]}.dtype"
         return None
 

@@ -135,11 +135,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     torch_module = copy.deepcopy(module).eval()
     if f64:
         torch_module = torch_module.double()
-    draws = rnd.Draws() if draws_noise(capture) else None
-    # dropout that is on in eval mode too (F.dropout(x, p, training=True)): the same masks on both sides
-    masks = DropoutLog()
-    with _torch_precision(), torch.no_grad(), _recording(draws), \
-            torch_dropout("equal", np.random.default_rng(0), masks):
+    with _torch_precision(), torch.no_grad(), torch_noise(capture) as (draws, masks):
         torch_out = torch_module(*args, **kwargs)
     torch_leaves = output_leaves(torch_out)
     try:
@@ -153,7 +149,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
         model.eval()
         inputs = _jax_arguments(t, dtype)
         try:
-            with _replay(draws), FlaxMasks([m for m, _, _ in masks.masks], "equal", False).nnx():
+            with jax_noise(draws, masks):
                 records, jax_out = _run_recorded(t, model, inputs)
         except (rnd.DrawMismatch, DropoutMismatchError) as e:
             return [_draws_differ(e)]
@@ -392,6 +388,24 @@ def draws_noise(capture) -> bool:
     """Does the captured forward draw random numbers (randn_like, rand, bernoulli, ...)?"""
     return any(n.op == "call_function" and rnd.op_name(getattr(n.target, "overloadpacket", None))
                for n in capture.graph.nodes)
+
+
+@contextlib.contextmanager
+def torch_noise(capture):
+    """Within: torch's random draws (a Draws; None where the captured forward draws none) and its
+    dropout masks (a DropoutLog: dropout that is on in eval mode too, F.dropout(training=True),
+    SDPA's dropout_p) are recorded. -> (draws, masks), for jax_noise to replay"""
+    draws, masks = (rnd.Draws() if draws_noise(capture) else None), DropoutLog()
+    with _recording(draws), torch_dropout("equal", np.random.default_rng(0), masks):
+        yield draws, masks
+
+
+@contextlib.contextmanager
+def jax_noise(draws, masks):
+    """Within (while the JAX side is traced): jax.random's samplers and dropout take torch_noise's
+    draws and masks."""
+    with _replay(draws), FlaxMasks([m for m, _, _ in masks.masks], "equal", False).nnx():
+        yield
 
 
 def _recording(draws):

@@ -20,7 +20,6 @@ torchax runs the same module on the same inputs beside it (see peer.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import importlib
 import json
@@ -208,16 +207,11 @@ def _files(t, module, args, kwargs, out) -> str:
     import jax
     import torch
 
-    from flaxport.port import draws as rnd
-    from flaxport.port.dropout import DropoutLog, FlaxMasks, torch_dropout
-    # the proof's own input and output order, and its test of a forward that draws
-    from flaxport.translate.proof import _jax_arguments, _leaves_like, draws_noise
+    # the proof's own input and output order, and its record and replay of random draws and dropout
+    from flaxport.translate.proof import _jax_arguments, _leaves_like, jax_noise, torch_noise
 
     capture = t.plan.captures.get("eval") or next(iter(t.plan.captures.values()))
-    drawn = rnd.Draws() if draws_noise(capture) else None
-    masks = DropoutLog()  # dropout on in eval mode too (F.dropout(training=True), SDPA's dropout_p)
-    with rnd.torch_recording(drawn) if drawn is not None else contextlib.nullcontext(), \
-            torch_dropout("equal", np.random.default_rng(0), masks):
+    with torch_noise(capture) as (draws, masks):
         torch_out = torch_output(module, args, kwargs)
     # a Python number torch returns (.item(), a torch.Size) is an array in model.py's output
     expected = [a.detach().numpy() if torch.is_tensor(a) else np.asarray(a)
@@ -230,9 +224,7 @@ def _files(t, module, args, kwargs, out) -> str:
         model = model_py.load(directory)
     inputs = _jax_arguments(t, None)
     model.eval()
-    with jax.default_matmul_precision("highest"), \
-            rnd.jax_replay(drawn.standard) if drawn is not None else contextlib.nullcontext(), \
-            FlaxMasks([m for m, _, _ in masks.masks], "equal", False).nnx():
+    with jax.default_matmul_precision("highest"), jax_noise(draws, masks):
         got = [np.asarray(a) for a in _leaves_like(_call(model, inputs), torch_out)]
     if len(got) != len(expected):
         return f"model.py returns {len(got)} arrays in eval mode, torch {len(expected)}"
