@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -81,6 +82,25 @@ def test_a_case_that_cannot_be_built_or_kills_its_process_is_a_record_not_a_cras
     assert broken["export"] is None and broken["translated"] is False
     crash = runner.run_case(zoo, "crash", timeout=60, memory_gb=0)
     assert crash["step"] == "build" and crash["reason"].startswith("the case process died in build (exit 7"), crash
+
+
+def test_cases_run_side_by_side_with_jobs_each_record_written_once(zoo, tmp_path):
+    out = tmp_path / "zoo.jsonl"
+    start = time.perf_counter()
+    with open(out, "w") as f:
+        records = runner.run(zoo, ["hung", "broken", "crash"], timeout=1, memory_gb=0, jobs=3, out=f)
+    elapsed = time.perf_counter() - start
+    assert sorted(r["name"] for r in records) == ["broken", "crash", "hung"]
+    assert [r["name"] for r in records][-1] == "hung"  # written as they finish: the hung case last
+    assert [json.loads(line)["name"] for line in out.read_text().splitlines()] == [r["name"] for r in records]
+    # side by side: the run takes about its longest case, not the three cases' sum
+    assert elapsed < sum(r["seconds"] for r in records) - 0.5 * min(r["seconds"] for r in records)
+
+
+def test_jobs_below_one_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--source", "opinfo", "--jobs", "0"])
+    assert e.value.code == 2 and "--jobs must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.slow

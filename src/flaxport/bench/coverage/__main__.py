@@ -33,6 +33,8 @@ def _args(argv):
     p.add_argument("--speed", action="store_true",
                    help="also time each proved case's translated forward and train step against torch eager "
                         "(its own inputs, the same threads; flaxport.bench.convnets.time_translation)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="cases run at once, each in its own process (default 1; timings with --speed want 1)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the records to OUT as JSON lines")
     p.add_argument("--resume", action="store_true", help="keep OUT's records and run only the cases it lacks")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
@@ -47,6 +49,8 @@ def _args(argv):
         p.error(f"--source {args.source}: choose {', '.join(runner.SOURCES)}, or name a module (package.module)")
     if args.timeout <= 0 or args.memory < 0:
         p.error("--timeout must be positive and --memory at least 0")
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
     if args.resume and not args.json:
         p.error("--resume continues the run in --json OUT: name it")
     return args
@@ -78,7 +82,7 @@ def main(argv=None) -> int:
             out.write(json.dumps({"run": run}) + "\n")
     try:
         records = runner.run(args.source, names, timeout=args.timeout, memory_gb=args.memory, peer=args.peer,
-                             speed=args.speed, out=out, done={r["name"] for r in previous}, log=sys.stderr)
+                             speed=args.speed, jobs=args.jobs, out=out, done={r["name"] for r in previous}, log=sys.stderr)
     finally:
         if out is not None:
             out.close()

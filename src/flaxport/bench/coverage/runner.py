@@ -9,6 +9,7 @@ the memory limit, and records how far it got.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import json
 import os
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,24 +51,36 @@ def source_module(source: str):
 
 
 def run(source: str, names: list, *, timeout: float, memory_gb: float, peer: str | None = None, speed: bool = False,
-        out=None, done=None, log=None) -> list:
-    """Each case of `names` in turn (those in `done`, a set of names, skipped) -> [record]; every record
-    is also written to `out` (a text file, one JSON line each, flushed) and a progress line to `log`."""
-    records = []
+        out=None, done=None, log=None, jobs: int = 1) -> list:
+    """Each case of `names` (those in `done`, a set of names, skipped), `jobs` child processes at a time
+    -> [record] in the order the cases finished; every record is also written to `out` (a text file, one
+    JSON line each, flushed) and a progress line to `log` as its case finishes."""
     todo = [n for n in names if n not in (done or ())]
-    for i, name in enumerate(todo, 1):
-        record = run_case(source, name, timeout=timeout, memory_gb=memory_gb, peer=peer, speed=speed)
-        records.append(record)
-        if out is not None:
-            out.write(json.dumps(record) + "\n")
-            out.flush()
-        if log is not None:
-            print(f"[{i}/{len(todo)}] {progress_line(record)}", file=log, flush=True)
+    records = []
+    interrupted = threading.Event()  # set when the caller is interrupted: the running children are stopped
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        # each thread only waits on its own child process, so the threads share nothing else
+        pending = [pool.submit(run_case, source, name, timeout=timeout, memory_gb=memory_gb, peer=peer, speed=speed,
+                               interrupted=interrupted) for name in todo]
+        try:
+            for i, future in enumerate(concurrent.futures.as_completed(pending), 1):
+                record = future.result()
+                records.append(record)
+                if out is not None:
+                    out.write(json.dumps(record) + "\n")
+                    out.flush()
+                if log is not None:
+                    print(f"[{i}/{len(todo)}] {progress_line(record)}", file=log, flush=True)
+        except BaseException:
+            interrupted.set()
+            for future in pending:
+                future.cancel()
+            raise
     return records
 
 
 def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: str | None = None,
-             speed: bool = False) -> dict:
+             speed: bool = False, interrupted=None) -> dict:
     """One case in a child process -> its record (see case.py), with `seconds` and `cpu_seconds` (the
     child's wall and CPU time, imports included); a child stopped or dead says so in `step` and `reason` (in the peer's record
     when only the peer was left to run)."""
@@ -77,7 +91,7 @@ def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: 
         start = time.perf_counter()
         with open(stderr_path, "wb") as stderr:
             child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-            stopped, cpu = _watch(child, timeout, memory_gb)
+            stopped, cpu = _watch(child, timeout, memory_gb, interrupted)
         seconds = round(time.perf_counter() - start, 1)
         record = _read(result) or {"source": source, "name": name, "samples": []}
         running = record.pop("running", "build")
@@ -101,9 +115,10 @@ def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: 
         return _complete(record)
 
 
-def _watch(child, timeout: float, memory_gb: float) -> tuple[str, float]:
+def _watch(child, timeout: float, memory_gb: float, interrupted=None) -> tuple[str, float]:
     """Wait for `child`; stop its process group at the limits (and when the wait itself is
-    interrupted, e.g. by Ctrl-C). -> ("" or what stopped it, the CPU seconds last seen).
+    interrupted, e.g. by Ctrl-C, or the event `interrupted` is set). -> ("" or what stopped it, the
+    CPU seconds last seen).
 
     The time limit counts the child's CPU seconds (user + system, all its threads): on a shared
     machine its wall time would count its neighbours' work too. A child that stops using the CPU
@@ -111,6 +126,8 @@ def _watch(child, timeout: float, memory_gb: float) -> tuple[str, float]:
     deadline, cpu = time.monotonic() + WALL_FACTOR * timeout, 0.0
     try:
         while child.poll() is None:
+            if interrupted is not None and interrupted.is_set():
+                return _stop(child, "interrupted"), cpu
             cpu = max(cpu, _cpu_seconds(child.pid))
             if cpu > timeout:
                 return _stop(child, f"over the time limit ({timeout:g} CPU s)"), cpu
