@@ -59,6 +59,14 @@ MODELS = textwrap.dedent('''
         return m
 
 
+    class OneValueVariance(nn.Module):
+        def forward(self, x):
+            return x.var(dim=1)  # NaN for rows of one value: torch's answer
+
+    def one_value_variance():
+        return OneValueVariance()
+
+
     def huge_weights():
         m = mlp()
         with torch.no_grad():  # float64 holds the products; float32 overflows to inf
@@ -361,8 +369,8 @@ def test_the_proof_fails_on_nan_weights_naming_the_first_submodule(models):
 
 def test_the_proof_fails_when_float32_overflows_though_float64_holds(models):
     t = _translate(models, "huge_weights", torch.randn(2, 8))
-    first = t.report.first_divergence
-    assert not t.report.ok and first.torch_name == "output"
+    first = t.report.first_divergence  # the first layer whose float32 output overflows
+    assert not t.report.ok and first.torch_name == "fc2"
     assert first.note.startswith("float32: torch computes NaN/inf here"), first.note
 
 
@@ -371,6 +379,13 @@ def test_a_mask_of_minus_inf_on_both_sides_is_a_value_not_a_failure(models):
     assert t.report.ok, str(t.report)
     mask = next(r for r in t.report.rows if r.torch_name == "mask")
     assert mask.ok and mask.max_abs == 0.0
+
+
+def test_nan_an_op_makes_of_finite_values_is_its_answer_compared_by_place(models):
+    t = _translate(models, "one_value_variance", torch.randn(3, 1))
+    assert t.report.ok, str(t.report)
+    output = next(r for r in t.report.rows if r.torch_name == "output")
+    assert output.note == "NaN or inf on both sides at the same places (3 of 3 values)"
 
 
 def test_a_translation_that_gives_nan_where_torch_does_not_fails(models, monkeypatch):

@@ -93,8 +93,8 @@ def prove(t, module, atol: float = ATOL, rtol: float = RTOL) -> ProofReport:
     float32 = [(r.max_abs, r.max_rel) if (r := f32.get((row.phase, row.torch_name))) else None for row in rows64]
     for row in rows64:  # a float32 run that overflows is no proof either, whatever float64 says
         r32 = f32.get((row.phase, row.torch_name))
-        if row.ok and r32 is not None and "NaN/inf" in r32.note:
-            row.ok, row.note = False, f"float32: {r32.note}"
+        if row.ok and r32 is not None and ("NaN/inf" in r32.note or _overflows(r32, row)):
+            row.ok, row.note = False, f"float32: {r32.note.replace(MATCHED_NOT_FINITE, 'torch computes NaN/inf here')}"
     if _runs_native_kernels(t, module):
         for row, figure in zip(rows64, float32):
             if row.ok and figure is not None and not figure[1] <= NATIVE_FLOAT32_RTOL:
@@ -135,6 +135,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     torch_module = copy.deepcopy(module).eval()
     if f64:
         torch_module = torch_module.double()
+    garbage_in = not_finite_in(torch_module, args, kwargs)
     with _torch_precision(), torch.no_grad(), torch_noise(capture) as (draws, masks):
         torch_out = torch_module(*args, **kwargs)
     torch_leaves = output_leaves(torch_out)
@@ -177,7 +178,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
             value = values[i]
             if plan.layout_by_name(node.name) == "last":  # kept channels-last inside (--layout nhwc)
                 value = np.moveaxis(value, -1, 1)
-            rows.append(_row("forward", name, flax_name, t_val, value, atol, rtol))
+            rows.append(_row("forward", name, flax_name, t_val, value, atol, rtol, garbage_in=garbage_in))
     if len(torch_leaves) != len(jax_leaves):
         rows.append(Row("output", "output", "output", None, math.inf, math.inf, False,
                         f"torch returns {len(torch_leaves)} arrays, the translation {len(jax_leaves)}"))
@@ -185,7 +186,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
         unset = uninitialised_outputs(capture, len(torch_leaves))
         for i, (a, b) in enumerate(zip(torch_leaves, jax_leaves)):
             name = "output" if len(torch_leaves) == 1 else f"output[{i}]"
-            rows.append(_row("output", name, name, a, b, atol, rtol, values=i not in unset))
+            rows.append(_row("output", name, name, a, b, atol, rtol, values=i not in unset, garbage_in=garbage_in))
     return rows
 
 
@@ -232,12 +233,21 @@ def uninitialised_outputs(capture, count: int) -> set:
     return found
 
 
+def _overflows(r32, r64) -> bool:
+    """Whether float32 gives NaN/inf at more places than float64 (both sides alike, so the row passed)."""
+    def count(row):
+        return int(row.note.split("(")[1].split()[0]) if row.note.startswith(MATCHED_NOT_FINITE) else 0
+
+    return count(r32) > count(r64)
+
+
 def _draws_differ(e) -> Row:
     """The failed row of a translation whose random draws are not torch's (count, shapes)."""
     return Row("output", "output", "output", None, math.inf, math.inf, False, f"random draws: {e}")
 
 
-def _row(phase, tname, fname, t, f, atol, rtol, values: bool = True) -> Row:
+def _row(phase, tname, fname, t, f, atol, rtol, values: bool = True, garbage_in: bool = True) -> Row:
+    """One comparison; `garbage_in`: the weights or inputs hold NaN/inf (see _not_finite)."""
     t, f = np.asarray(t), np.asarray(f)
     if t.shape != f.shape:
         return Row(phase, tname, fname, tuple(f.shape), math.inf, math.inf, False,
@@ -248,23 +258,40 @@ def _row(phase, tname, fname, t, f, atol, rtol, values: bool = True) -> Row:
         same = bool(np.array_equal(t, f))
         return Row(phase, tname, fname, tuple(f.shape), 0.0 if same else math.inf, 0.0 if same else math.inf, same,
                    "" if same else "integer values differ")
-    if why := _not_finite(phase, t, f):
+    if why := _not_finite(phase, t, f, garbage_in):
         return Row(phase, tname, fname, tuple(f.shape), math.inf, math.inf, False, why)
-    same_inf = ~np.isfinite(t)  # where both give the same +-inf (an attention mask): compared as equal
+    # where both give the same NaN or +-inf (an attention mask, var of one value): compared as equal
+    same_bad = ~np.isfinite(t)
+    note = f"{MATCHED_NOT_FINITE} ({int(same_bad.sum())} of {t.size} values)" if same_bad.any() else ""
     return Row(phase, tname, fname, tuple(f.shape),
-               *compare(np.where(same_inf, 0.0, t), np.where(same_inf, 0.0, f), atol, rtol))
+               *compare(np.where(same_bad, 0.0, t), np.where(same_bad, 0.0, f), atol, rtol), note)
 
 
-def _not_finite(phase, t, f) -> str:
-    """Why a row's numbers prove nothing (NaN on torch's side, inf in a model output), or where
-    the translation is not finite and torch is; '' when they can be compared."""
+MATCHED_NOT_FINITE = "NaN or inf on both sides at the same places"
+
+
+def _not_finite(phase, t, f, garbage_in: bool) -> str:
+    """Why a row's numbers prove nothing, or where the translation is not finite and torch is; ''
+    when they can be compared. NaN from NaN/inf weights or inputs (`garbage_in`) proves nothing, nor
+    does inf in an output then; NaN an op makes of finite values (var of one value, 0/0) is the
+    op's answer, which the translation must give at the same places."""
     t_bad, f_bad = ~np.isfinite(t), ~np.isfinite(f)
-    if np.isnan(t).any() or (phase == "output" and t_bad.any()):
+    if garbage_in and (np.isnan(t).any() or (phase == "output" and t_bad.any())):
         return (f"torch computes NaN/inf here ({int(t_bad.sum())} of {t.size} values): nothing to compare; "
                 "check the weights and the inputs")
-    if (f_bad != t_bad).any() or (t[t_bad] != f[t_bad]).any():
+    if (f_bad != t_bad).any() or (np.isnan(t) != np.isnan(f)).any() or \
+            (t[t_bad & ~np.isnan(t)] != f[t_bad & ~np.isnan(t)]).any():
         return f"the translation computes NaN/inf where torch does not ({int((f_bad & ~t_bad).sum())} values)"
     return ""
+
+
+def not_finite_in(module, args, kwargs) -> bool:
+    """Whether a floating tensor among the module's parameters and buffers or the inputs holds NaN/inf."""
+    import torch
+
+    tensors = [*module.parameters(), *module.buffers(), *args, *kwargs.values()]
+    return any(torch.is_tensor(v) and (v.is_floating_point() or v.is_complex()) and not torch.isfinite(v).all()
+               for v in tensors)
 
 
 def _frame_values(plan, frame, values) -> list:
@@ -553,6 +580,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     if f64:
         torch_module = torch_module.double()
     before = {k: v.detach().clone() for k, v in torch_module.state_dict().items()}
+    garbage_in = not_finite_in(torch_module, args, kwargs)
     capture = t.plan.captures.get("train") or next(iter(t.plan.captures.values()))
     draws = rnd.Draws() if draws_noise(capture) else None
     with _torch_precision(), torch.no_grad(), _torch_dropout_off(torch_module), _recording(draws), \
@@ -584,7 +612,8 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         saved = _state_dict_of(t, model)
     rows = []
     for i, (a, b) in enumerate(zip(torch_leaves, jax_leaves)):
-        rows.append(_row("output", f"output[{i}]" if len(torch_leaves) > 1 else "output", "output", a, b, atol, rtol))
+        rows.append(_row("output", f"output[{i}]" if len(torch_leaves) > 1 else "output", "output", a, b, atol, rtol,
+                         garbage_in=garbage_in))
     if len(torch_leaves) != len(jax_leaves):
         rows.append(Row("output", "output", "output", None, math.inf, math.inf, False,
                         f"torch returns {len(torch_leaves)} arrays, the translation {len(jax_leaves)}"))
@@ -592,7 +621,8 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         if k not in saved:
             rows.append(Row("running_stats", k, "-", None, math.inf, math.inf, False, "no translated variable"))
             continue
-        rows.append(_row("running_stats", k, "/".join(map(str, t.names[k])), after[k].numpy(), saved[k], atol, rtol))
+        rows.append(_row("running_stats", k, "/".join(map(str, t.names[k])), after[k].numpy(), saved[k], atol, rtol,
+                         garbage_in=garbage_in))
     return ParityReport(rows, True, atol, rtol)
 
 

@@ -135,6 +135,15 @@ def adaptive_max_pool(c, node):
     return Outputs((call(c.helper("adaptive_max_pool"), c.x("self"), c.ints(size, "output_size")), indices))
 
 
+@op("aten.fractional_max_pool2d.default", "aten.fractional_max_pool3d.default")
+def fractional_max_pool(c, node):
+    """(values, indices) at the windows torch's random samples (an input of the op) place."""
+    if c.channels_last:
+        raise Unsupported("fractional max-pool channels-last (--layout nhwc)")
+    return call(c.helper("fractional_max_pool"), c.x("self"), c.ints(c.raw("kernel_size"), "kernel_size"),
+                c.ints(c.raw("output_size"), "output_size"), c.x("random_samples"))
+
+
 @op("aten.max_unpool2d.default", "aten.max_unpool3d.default")
 def max_unpool(c, node):
     return call(c.helper("max_unpool"), c.x("self"), c.x("indices"), c.size("output_size"))
@@ -161,6 +170,18 @@ def upsample_linear(c, node):
     sizes = {"size": c.size(list(c.out.shape)[2:], hint="size")} if align else _size_and_scale(c)
     return call(c.helper("interpolate_linear"), c.x("input"), **sizes, align_corners="True" if align else None,
                 channels_last=_cl(c))
+
+
+@op("aten._upsample_bilinear2d_aa.default", "aten._upsample_bicubic2d_aa.default")
+def upsample_antialias(c, node):
+    if c.channels_last:
+        raise Unsupported("antialiased interpolation channels-last (--layout nhwc)")
+    scales = [c.raw(k) if c.has(k) else None for k in ("scales_h", "scales_w")]
+    align = c.raw("align_corners")
+    return call(c.helper("interpolate_antialias"), c.x("self"), c.size(list(c.out.shape)[2:], hint="size"),
+                mode="'bicubic'" if "bicubic" in str(node.target) else None, align_corners="True" if align else None,
+                scale_factor=c.ints(tuple(float(s) for s in scales), "scale_factor")
+                if all(s is not None for s in scales) and not align else None)
 
 
 @op("aten.pixel_shuffle.default")

@@ -135,6 +135,15 @@ def sort(c, node):
                     call("jnp.argsort", x, axis=dim, stable="True", descending=descending)))
 
 
+@op("aten.mode.default")
+def mode(c, node):
+    ndim = c.val("self").ndim
+    dim = c.dim("dim", max(ndim, 1)) if c.has("dim") else max(ndim, 1) - 1
+    keep = c.has("keepdim") and c.raw("keepdim") and ndim > 0
+    return call(c.helper("most_frequent"), c.x("self"), axis=dim if dim != max(ndim, 1) - 1 else None,
+                keepdims="True" if keep else None)
+
+
 @op("aten.topk.default")
 def topk(c, node):
     ndim = c.val("self").ndim

@@ -268,3 +268,46 @@ def max_unpool(x, indices, output_size):
     plane = jnp.indices(lead + (1,), sparse=True)[:-1]  # (N, 1, 1), (1, C, 1): each value's own plane
     flat = planes.at[(*plane, indices.reshape(lead + (-1,)))].set(x.reshape(lead + (-1,)))
     return flat.reshape(lead + tuple(output_size))
+
+
+def fractional_max_pool(x, kernel_size, output_size, samples):
+    """torch's fractional_max_pool2d/3d with its random samples (N, C, n) in [0, 1): (values,
+    indices) of (N, C, *output_size) (or (C, ...)). Along each axis window i starts at
+    floor((i + u) * alpha) - floor(u * alpha), alpha = (size - kernel) / (out - 1), the last at
+    size - kernel; u is the plane's sample for the axis (torch's order: W, H for 2-d; T, H, W for 3-d)."""
+    n = len(kernel_size)
+    lead, spatial = x.shape[:x.ndim - n], x.shape[x.ndim - n:]
+    samples = samples.reshape(lead + (n,)).astype(x.dtype)
+    which = (1, 0) if n == 2 else tuple(range(n))
+    flat = 0
+    for axis, (size, out, kernel) in enumerate(zip(spatial, output_size, kernel_size)):
+        u = samples[..., which[axis], None]
+        alpha = jnp.asarray((size - kernel) / max(out - 1, 1), x.dtype)
+        starts = (jnp.floor((jnp.arange(out - 1, dtype=x.dtype) + u) * alpha) - jnp.floor(u * alpha)).astype(jnp.int32)
+        starts = jnp.concatenate([starts, jnp.full(lead + (1,), size - kernel, jnp.int32)], axis=-1)
+        where = starts[..., :, None] + jnp.arange(kernel)  # lead + (out, kernel)
+        shape = lead + tuple(out if a == axis else 1 for a in range(n)) + tuple(
+            kernel if a == axis else 1 for a in range(n))
+        flat = flat * size + where.reshape(shape)  # lead + (out_0, ..., out_n-1, kernel_0, ..., kernel_n-1)
+    flat = jnp.broadcast_to(flat, lead + tuple(output_size) + tuple(kernel_size)).reshape(
+        lead + tuple(output_size) + (-1,))
+    planes = x.reshape(lead + (-1,))
+    windows = jnp.take_along_axis(planes, flat.reshape(lead + (-1,)), axis=-1).reshape(flat.shape)
+    first = jnp.argmax(windows, axis=-1)[..., None]  # the first maximum, as torch's strict '>' scan
+    return (jnp.take_along_axis(windows, first, axis=-1)[..., 0],
+            jnp.take_along_axis(flat, first, axis=-1)[..., 0].astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32))
+
+
+def most_frequent(x, axis=-1, keepdims=False):
+    """torch.mode: (the most frequent value along `axis`, the smallest among equally frequent ones;
+    the last index holding it)."""
+    x = jnp.moveaxis(jnp.atleast_1d(x), axis, -1)
+    ordered = jnp.sort(x, axis=-1)
+    frequency = jnp.sum(ordered[..., :, None] == ordered[..., None, :], axis=-1)
+    value = jnp.take_along_axis(ordered, jnp.argmax(frequency, axis=-1)[..., None], axis=-1)
+    index = jnp.max(jnp.where(x == value, jnp.arange(x.shape[-1]), -1), axis=-1, keepdims=True)
+    if not keepdims:
+        value, index = value[..., 0], index[..., 0]
+    else:
+        value, index = jnp.moveaxis(value, -1, axis), jnp.moveaxis(index, -1, axis)
+    return value, index.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)

@@ -303,6 +303,47 @@ def interpolate_linear(x, size=None, scale_factor=None, align_corners=False, cha
     return x
 
 
+def interpolate_antialias(x, size, mode="bilinear", align_corners=False, scale_factor=None):
+    """torch's F.interpolate(mode='bilinear' / 'bicubic', antialias=True) on (N, C, H, W).
+
+    Each output pixel averages the input under a triangle (bilinear) or cubic (a = -0.5) filter
+    stretched by the scale when downsampling, weights normalised to sum to one: one (out, in)
+    matrix per axis, as torch's separable kernel computes it.
+    """
+    for i, out in enumerate(size):
+        axis = x.ndim - 2 + i
+        weights = _antialias_weights(x.shape[axis], out, mode, align_corners,
+                                     scale_factor[i] if scale_factor else None)
+        x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(weights, x.dtype), axes=((axis,), (1,))), -1, axis)
+    return x
+
+
+def _antialias_weights(size, out, mode, align_corners, scale_factor):
+    """(out, size) weights of one axis (torch's _compute_weights_aa)."""
+    if align_corners:
+        scale = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        scale = 1.0 / scale_factor if scale_factor else size / out
+    half_width = 1.0 if mode == "bilinear" else 2.0  # the filter's support at scale 1
+    support = half_width * scale if scale >= 1.0 else half_width
+    stretch = 1.0 / scale if scale >= 1.0 else 1.0
+    weights = np.zeros((out, size))
+    for i in range(out):
+        center = scale * (i + 0.5)
+        first = max(int(center - support + 0.5), 0)
+        last = min(int(center + support + 0.5), size)
+        distance = np.abs((np.arange(first, last) - center + 0.5) * stretch)
+        if mode == "bilinear":
+            w = np.maximum(1.0 - distance, 0.0)
+        else:
+            a = -0.5
+            w = np.where(distance < 1.0, ((a + 2) * distance - (a + 3)) * distance**2 + 1,
+                         np.where(distance < 2.0, (((distance - 5) * distance + 8) * distance - 4) * a, 0.0))
+        total = w.sum()
+        weights[i, first:last] = w / total if total != 0.0 else w
+    return weights
+
+
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """torch's layer_norm over the trailing len(normalized_shape) axes, two-pass biased variance."""
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
@@ -560,8 +601,9 @@ def nll_loss(log_probs, target, weight=None, reduction="mean", ignore_index=-100
 
 
 def multilabel_margin_loss(x, target, reduction="mean"):
-    """torch's multilabel_margin_loss: x (N, C) or (C,) scores, target the same shape holding
-    class ids up to the first -1; each target's hinge against every non-target, over C."""
+    """torch's multilabel_margin_loss: x (N, C) or (C,) scores (a 0-d x is one class), target the
+    same shape holding class ids up to the first -1; each target's hinge against every non-target, over C."""
+    x, target = jnp.atleast_1d(x), jnp.atleast_1d(target)
     classes = x.shape[-1]
     valid = jnp.cumprod(target != -1, axis=-1).astype(bool)
     safe = jnp.where(valid, target, 0)
