@@ -250,16 +250,21 @@ def test_written_files_of_a_forward_that_draws_are_checked_with_torchs_draws():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("output", ["item", "complex"])
+@pytest.mark.parametrize("output", ["item", "complex", "nan", "empty"])
 def test_written_files_returning_a_number_or_complex_values_are_compared_whole(output):
     """torch returns .item() as a Python number (model.py an array), and a complex tensor's imaginary
-    part counts: each is compared, not dropped or counted as an output torch lacks."""
+    part counts: each is compared, not dropped or counted as an output torch lacks. NaN where torch
+    has NaN is the op's answer; torch.empty's values are nothing to compare."""
     import torch
 
     from flaxport.bench.coverage.case import check_sample
 
     class Out(torch.nn.Module):
         def forward(self, x):
+            if output == "nan":
+                return x.var(dim=-1, keepdim=True)[..., :1, :].var(dim=-2), x * 2  # variance of one value
+            if output == "empty":
+                return torch.empty(x.shape[0], 5), x + 1
             return x.sum().item() if output == "item" else torch.view_as_complex(x) * 2
 
     out = check_sample(Out(), (torch.randn(3, 4, 2),), {}, {}, lambda step: None)

@@ -611,9 +611,10 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
         saved = _state_dict_of(t, model)
     rows = []
+    unset = uninitialised_outputs(capture, len(torch_leaves))
     for i, (a, b) in enumerate(zip(torch_leaves, jax_leaves)):
         rows.append(_row("output", f"output[{i}]" if len(torch_leaves) > 1 else "output", "output", a, b, atol, rtol,
-                         garbage_in=garbage_in))
+                         values=i not in unset, garbage_in=garbage_in))
     if len(torch_leaves) != len(jax_leaves):
         rows.append(Row("output", "output", "output", None, math.inf, math.inf, False,
                         f"torch returns {len(torch_leaves)} arrays, the translation {len(jax_leaves)}"))

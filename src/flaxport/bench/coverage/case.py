@@ -208,7 +208,7 @@ def _files(t, module, args, kwargs, out) -> str:
     import torch
 
     # the proof's own input and output order, and its record and replay of random draws and dropout
-    from flaxport.translate.proof import _jax_arguments, _leaves_like, jax_noise, torch_noise
+    from flaxport.translate.proof import _jax_arguments, _leaves_like, jax_noise, torch_noise, uninitialised_outputs
 
     capture = t.plan.captures.get("eval") or next(iter(t.plan.captures.values()))
     with torch_noise(capture) as (draws, masks):
@@ -228,22 +228,34 @@ def _files(t, module, args, kwargs, out) -> str:
         got = [np.asarray(a) for a in _leaves_like(_call(model, inputs), torch_out)]
     if len(got) != len(expected):
         return f"model.py returns {len(got)} arrays in eval mode, torch {len(expected)}"
-    differences = []
+    differences, unset = [], uninitialised_outputs(capture, len(expected))
     for i, (a, b) in enumerate(zip(expected, got)):
         if a.shape != b.shape:
             return f"model.py's output {i} has shape {b.shape} in eval mode, torch's {a.shape}"
+        if i in unset:  # torch.empty: only the shape means anything
+            continue
         wide = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)  # float64 drops an imaginary part
-        differences.append(float(np.max(np.abs(wide - b), initial=0.0)))
-        scale = float(np.max(np.abs(a), initial=0.0)) if a.dtype != bool else 1.0
+        alike = _same_not_finite(wide, b)  # NaN where torch has NaN, the same inf: the op's answer
+        differences.append(float(np.max(np.abs(np.where(alike, 0, wide) - np.where(alike, 0, b)), initial=0.0)))
+        scale = float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0)) if a.dtype != bool else 1.0
         if not differences[-1] <= FLOAT32_RTOL * max(scale, 1.0):
             out["float32"] = _finite(max(differences))
             return f"model.py's output {i} is off by {differences[-1]:.3g} in float32 (max |torch| {scale:.3g})"
     out["float32"] = max(differences, default=0.0)
     model.train()
     trained = [np.asarray(a) for a in jax.tree.leaves(_call(model, inputs))]
-    if not all(np.all(np.isfinite(a)) for a in trained if np.issubdtype(a.dtype, np.floating)):
-        return "model.py's train-mode output is not finite"
+    if len(trained) != len(expected) or any(a.shape != b.shape for a, b in zip(trained, expected)):
+        expected = [None] * len(trained)  # train mode's outputs differ in kind: each must be finite
+    for a, b in zip(trained, expected):
+        if np.issubdtype(a.dtype, np.inexact) and (~np.isfinite(a) & (True if b is None else np.isfinite(b))).any():
+            return "model.py's train-mode output is not finite where torch's eval-mode output is"
     return ""
+
+
+def _same_not_finite(a, b):
+    """Where a and b are both NaN or the same infinity."""
+    with np.errstate(invalid="ignore"):
+        return (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
 
 
 def _call(model, inputs):
