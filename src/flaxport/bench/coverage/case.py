@@ -66,11 +66,13 @@ def main(argv=None) -> int:
             # timed on the first sample only (an op's samples are small and alike)
             check_sample(module, example_args, example_kwargs, sample, progress,
                          speed=args.speed and len(record["samples"]) == 1)
-            if args.peer:
-                from flaxport.bench.coverage import peer
+        # the peer after all of flaxport's samples: what it leaves in torch (torchax patches torch's
+        # functions) cannot touch flaxport's next export
+        for (module, example_args, example_kwargs), sample in zip(samples, record["samples"]) if args.peer else ():
+            from flaxport.bench.coverage import peer
 
-                progress("peer")
-                sample["peer"] = peer.run(args.peer, module, example_args, example_kwargs)
+            progress("peer")
+            sample["peer"] = peer.run(args.peer, module, example_args, example_kwargs)
         record.update(summarize(record["samples"]))
     record.update(case_seconds=round(time.perf_counter() - start, 2), cpu_seconds=round(time.process_time(), 1))
     progress("done")
@@ -208,14 +210,15 @@ def _files(t, module, args, kwargs, out) -> str:
     import torch
 
     # the proof's own input and output order, and its record and replay of random draws and dropout
-    from flaxport.translate.proof import _jax_arguments, _leaves_like, jax_noise, torch_noise, uninitialised_outputs
+    from flaxport.translate.proof import (_jax_arguments, _leaves_like, _numpy, jax_noise, torch_noise,
+                                         uninitialised_outputs)
 
     capture = t.plan.captures.get("eval") or next(iter(t.plan.captures.values()))
     with torch_noise(capture) as (draws, masks):
         torch_out = torch_output(module, args, kwargs)
     # a Python number torch returns (.item(), a torch.Size) is an array in model.py's output
-    expected = [a.detach().numpy() if torch.is_tensor(a) else np.asarray(a)
-                for a in torch.utils._pytree.tree_leaves(torch_out) if torch.is_tensor(a) or isinstance(a, (int, float))]
+    expected = [_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
+                if torch.is_tensor(a) or isinstance(a, (int, float))]
     with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as directory:
         t.save(directory)
         spec = importlib.util.spec_from_file_location("model", os.path.join(directory, "model.py"))

@@ -103,9 +103,10 @@ def run_case(source: str, name: str, *, timeout: float, memory_gb: float, peer: 
             why = f"the case process died in {running} (exit {child.returncode}: {_last_line(stderr_path)})"
         samples = record.get("samples", [])
         if why and running == "peer" and len(samples) == record.get("sample_count"):
-            # flaxport's steps all ran: the peer alone did not finish
-            samples[-1]["peer"] = {"name": peer, "ok": False, "float64": None, "float32": None, "seconds": None,
-                                   "reason": why}
+            # flaxport's steps all ran: the peer alone did not finish (the samples it had not reached)
+            for sample in samples:
+                sample.setdefault("peer", {"name": peer, "ok": False, "float64": None, "float32": None,
+                                           "seconds": None, "reason": why})
             record.update(summarize(samples))
         elif why and running == "speed" and len(samples) == record.get("sample_count") == 1:
             samples[0]["speed"] = {"error": why}  # proved; only its timing did not finish
