@@ -843,3 +843,21 @@ def test_tiling_max_pool_sends_the_gradient_to_each_windows_first_maximum_as_tor
     value, grad = jax.value_and_grad(loss)(jnp.asarray(x.detach().numpy()))
     np.testing.assert_allclose(value, (torch.nn.functional.max_pool2d(x, 2) * weights).sum().item(), rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(grad), x.grad.numpy())
+
+
+def test_every_core_aten_overload_has_a_handler():
+    """torch's core opset (torch.Tag.core) is in the table, less the backward ops (a train step
+    differentiates the forward in JAX, so an exported forward never holds them) and out= overloads."""
+    from flaxport.translate import ops
+
+    ops._load()
+    core = []
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in getattr(packet, "overloads", list)():
+            if torch.Tag.core in getattr(packet, overload).tags:
+                core.append(f"aten.{name}.{overload}")
+    assert len(core) > 150
+    wanted = [c for c in core if "_backward" not in c and not c.endswith(".out")]
+    missing = [c for c in wanted if c not in ops.OPS and c.rsplit(".", 1)[0] not in ops.OPS]
+    assert not missing, missing
