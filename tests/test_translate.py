@@ -539,3 +539,30 @@ def test_a_sequential_with_a_forward_of_its_own_runs_that_forward():
     assert "size=(x.shape[2], x.shape[3])" in t.source
     assert set(t.state_dict()) == set(module.state_dict())
     _assert_runs_like_torch_at_other_sizes(module, (x,), t, "aspp")
+
+
+def test_a_custom_op_of_the_users_is_translated_from_its_own_torch_code():
+    """A torch.library.custom_op is one opaque call in torch.export's graph: its Python function
+    is traced like a decomposition, so the ops it runs translate and the proof holds."""
+    from flaxport.translate import translate
+
+    @torch.library.custom_op("flaxport_test::scaled_gelu", mutates_args=())
+    def scaled_gelu(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return torch.nn.functional.gelu(x) * scale + x.mean(-1, keepdim=True)
+
+    @scaled_gelu.register_fake
+    def _(x, scale):
+        return torch.empty_like(x)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(6, 6)
+
+        def forward(self, x):
+            return scaled_gelu(self.fc(x), 1.5)
+
+    torch.manual_seed(0)
+    t = translate(Block().eval(), torch.randn(3, 6))
+    assert t.report.ok, str(t.report)
+    assert "jax.nn.gelu(" in t.source and "# flaxport_test.scaled_gelu, as torch decomposes it" in t.source

@@ -2,7 +2,8 @@
 
 `decompose(graph, handled)` replaces every call of an ATen op that `handled(node)` rejects by
 the ops torch's decomposition of it runs (torch.export's decomposition table, else the op's
-CompositeImplicitAutograd kernel), traced on the call's own example values, so symbolic sizes
+CompositeImplicitAutograd kernel, or a torch.library.custom_op's own Python function), traced on
+the call's own example values, so symbolic sizes
 stay the export's symbols. Every other node stays as it is (unlike
 ExportedProgram.run_decompositions, which re-traces the whole program and rewrites views,
 batch_norm and dropout on the way). The new nodes keep the call's source line and module path,
@@ -43,7 +44,18 @@ def decomposition(op):
         from torch._decomp import decomposition_table
 
         fn = decomposition_table.get(op)
-    return fn
+    return fn if fn is not None else _custom_op_function(op)
+
+
+def _custom_op_function(op):
+    """The Python function a torch.library.custom_op was made from (its own torch code: traced
+    like a decomposition), or None for other ops and custom ops that write into their arguments."""
+    from torch._library import custom_ops
+
+    opdef = custom_ops.OPDEFS.get(op._schema.name) if op._overloadname == "default" else None
+    if opdef is None or any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
+        return None
+    return getattr(opdef, "_init_fn", None)
 
 
 def decompose(graph, handled, keep=()) -> set:
