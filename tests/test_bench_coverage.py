@@ -291,3 +291,20 @@ def test_speed_times_a_proved_classifier_and_the_table_shows_it():
     pooled = check_sample(torch.nn.AdaptiveAvgPool2d(1).eval(), (torch.randn(2, 3, 4, 4),), {}, {},
                           lambda step: None, speed=True)
     assert pooled["speed"]["step"] is None and pooled["speed"]["forward"] > 0
+
+
+@pytest.mark.torch
+def test_a_sample_torch_itself_cannot_run_is_not_built_and_does_not_count():
+    import torch
+
+    from flaxport.bench.coverage.case import check_sample, summarize
+
+    class Strict(torch.nn.Module):
+        def forward(self, x):
+            return x.view(3, 5)  # the sample below has 12 values
+
+    bad = check_sample(Strict(), (torch.randn(3, 4),), {}, {}, lambda step: None)
+    assert bad["step"] == "build" and bad["reason"].startswith("not built: torch's own forward fails on it: ")
+    good = check_sample(Strict(), (torch.randn(15),), {}, {}, lambda step: None)
+    assert good["proof"], good
+    assert summarize([good, bad])["proof"] and summarize([bad])["step"] == "build"
