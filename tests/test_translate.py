@@ -566,3 +566,20 @@ def test_a_custom_op_of_the_users_is_translated_from_its_own_torch_code():
     t = translate(Block().eval(), torch.randn(3, 6))
     assert t.report.ok, str(t.report)
     assert "jax.nn.gelu(" in t.source and "# flaxport_test.scaled_gelu, as torch decomposes it" in t.source
+
+
+def test_a_model_only_static_export_captures_translates_and_the_inputs_stay_unmarked():
+    """AlexNet's shape at 64 pixels: the dynamic export fails on a size guard torch cannot solve;
+    the static export after it must not find the example tensors marked dynamic by the first try."""
+    from torch import nn
+
+    from flaxport.translate import translate
+
+    torch.manual_seed(0)
+    features = nn.Sequential(nn.Conv2d(3, 4, 11, stride=4, padding=2), nn.MaxPool2d(3, 2),
+                             nn.Conv2d(4, 4, 5, padding=2), nn.MaxPool2d(3, 2), nn.Conv2d(4, 4, 3, padding=1),
+                             nn.MaxPool2d(3, 2), nn.AdaptiveAvgPool2d(6))
+    x = torch.randn(2, 3, 64, 64)
+    t = translate(features.eval(), x)
+    assert t.report.ok, str(t.report)
+    assert not any(name.startswith("_dynamo") for name in vars(x))

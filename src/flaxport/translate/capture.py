@@ -150,10 +150,14 @@ def _export_program(module, args, kwargs, *, dynamic: bool = True):
     if dynamic:
         shapes = _dynamic_shapes(module, args, kwargs, Dim.AUTO)
         if shapes is not None:
+            # copies: export marks the tensors it is given as dynamic, and a static export of marked
+            # tensors after a failed dynamic one would fail the same way
+            fresh_args, fresh_kwargs = torch.utils._pytree.tree_map_only(
+                torch.Tensor, torch.Tensor.clone, (tuple(args), dict(kwargs)))
             try:
-                return export(module, tuple(args), dict(kwargs), dynamic_shapes=shapes, strict=False), True
+                return export(module, fresh_args, fresh_kwargs, dynamic_shapes=shapes, strict=False), True
             except Exception:  # noqa: BLE001 - some models only export with static shapes: try that next
-                pass
+                torch._dynamo.reset()
     try:
         return export(module, tuple(args), dict(kwargs), strict=False), False
     except Exception as e:  # noqa: BLE001
