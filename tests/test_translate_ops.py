@@ -197,6 +197,14 @@ CASES = [
     # overlapping windows: col2im sums them
     ("col2im", aten.col2im.default, (r(2, 18, 18), [5, 6], [2, 3], [1, 1], [1, 1], [2, 1]), {}),
     ("grid_sampler_2d", aten.grid_sampler_2d.default, (r(1, 2, 3, 3), r(1, 4, 4, 2), 0, 0, False), {}),
+    ("grid_sample_reflection", aten.grid_sampler.default, (r(2, 3, 4, 5), r(2, 6, 7, 2) * 2.5, 0, 2, False), {}),
+    ("grid_sample_reflection_corners", aten.grid_sampler.default, (r(1, 2, 4, 5), r(1, 6, 7, 2) * 2.5, 1, 2, True),
+     {}),
+    ("grid_sampler_3d", aten.grid_sampler_3d.default, (r(2, 2, 3, 4, 5), r(2, 3, 2, 4, 3) * 1.3, 0, 0, False), {}),
+    ("grid_sampler_3d_nearest_border", aten.grid_sampler_3d.default,
+     (r(1, 2, 3, 4, 5), r(1, 3, 2, 4, 3) * 1.3, 1, 1, True), {}),
+    ("grid_sampler_3d_reflection", aten.grid_sampler_3d.default,
+     (r(1, 2, 3, 4, 5), r(1, 2, 2, 3, 3) * 2.5, 0, 2, False), {}),
     ("native_channel_shuffle", aten.native_channel_shuffle.default, (r(2, 6, 5), 2), {}),
     # normalisation and attention
     ("layer_norm", aten.layer_norm.default, (r(2, 3, 8) * 3 + 1, [8], r(8), r(8), 1e-5), {}),

@@ -194,7 +194,7 @@ def module_source(plan, header: str, conv: str = "xla") -> str:
 
 def _imports(code: str) -> list:
     lines = []
-    std = [m for m in ("functools", "json", "math", "os") if re.search(rf"\b{m}\.", code)]
+    std = [m for m in ("functools", "itertools", "json", "math", "os") if re.search(rf"\b{m}\.", code)]
     lines += [f"import {m}" for m in std]
     if std:
         lines.append("")

@@ -202,12 +202,12 @@ def affine_grid(c, node):
                 align_corners="True" if c.raw("align_corners") else None)
 
 
-@op("aten.grid_sampler.default", "aten.grid_sampler_2d.default")
+@op("aten.grid_sampler.default", "aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default")
 def grid_sampler(c, node):
     mode = {0: "bilinear", 1: "nearest"}.get(c.raw("interpolation_mode"))
-    padding = {0: "zeros", 1: "border"}.get(c.raw("padding_mode"))
-    if c.val("input").ndim != 4 or mode is None or padding is None:
-        raise Unsupported("grid_sample other than 2-D bilinear/nearest with zeros/border padding")
+    padding = {0: "zeros", 1: "border", 2: "reflection"}[c.raw("padding_mode")]
+    if mode is None:
+        raise Unsupported("grid_sample mode='bicubic'")
     return call(c.helper("grid_sample"), c.x("input"), c.x("grid"), mode=repr(mode) if mode != "bilinear" else None,
                 padding_mode=repr(padding) if padding != "zeros" else None,
                 align_corners="True" if c.raw("align_corners") else None)

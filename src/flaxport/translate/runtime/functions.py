@@ -11,6 +11,7 @@ windows with `ceil_mode` and `count_include_pad`, interpolation source indices c
 as torch computes them, two-pass (biased) variances for the norms.
 """
 import functools
+import itertools
 import math
 
 import jax
@@ -512,32 +513,46 @@ def affine_grid(theta, size, align_corners=False):
 
 
 def grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False):
-    """torch's grid_sample (2-D): x (N, C, H, W), grid (N, Ho, Wo, 2) of (x, y) in [-1, 1] -> (N, C, Ho, Wo).
+    """torch's grid_sample, 2-D or 3-D: x (N, C, *S), grid (N, *So, n) of coordinates in [-1, 1]
+    ordered (x, y[, z]), the last spatial axis first -> (N, C, *So).
 
-    mode 'bilinear' or 'nearest' (half to even, as torch's nearbyint); padding_mode 'zeros' or 'border'.
+    mode 'bilinear' (trilinear in 3-D) or 'nearest' (half to even, as torch's nearbyint);
+    padding_mode 'zeros', 'border' or 'reflection'.
     """
-    h, w = x.shape[2], x.shape[3]
+    spatial = x.shape[2:]
+    n = len(spatial)
 
     def pixels(coord, size):
-        return (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+        coord = (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+        if padding_mode == "reflection":  # mirrored at the corner pixels' centres (align_corners) or edges
+            low, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
+            if span > 0:
+                distance = jnp.abs(coord - low)
+                flips, extra = jnp.floor(distance / span), jnp.fmod(distance, span)
+                coord = jnp.where(flips % 2 == 0, low + extra, low + span - extra)
+            else:
+                coord = jnp.zeros_like(coord)
+        if padding_mode in ("border", "reflection"):
+            coord = jnp.clip(coord, 0, size - 1)
+        return coord
 
-    ix, iy = pixels(grid[..., 0], w), pixels(grid[..., 1], h)
-    if padding_mode == "border":
-        ix, iy = jnp.clip(ix, 0, w - 1), jnp.clip(iy, 0, h - 1)
+    where = [pixels(grid[..., n - 1 - axis], size) for axis, size in enumerate(spatial)]
 
-    def tap(yy, xx):
-        """x at integer pixels (yy, xx), each (N, Ho, Wo) -> (N, C, Ho, Wo); zero outside the image."""
-        inside = (xx >= 0) & (xx <= w - 1) & (yy >= 0) & (yy <= h - 1)
-        rows, cols = jnp.clip(yy, 0, h - 1).astype(jnp.int32), jnp.clip(xx, 0, w - 1).astype(jnp.int32)
-        values = jax.vmap(lambda image, r, c: image[:, r, c])(x, rows, cols)
+    def tap(index):
+        """x at integer positions `index` (one (N, *So) array per spatial axis) -> (N, C, *So); zero outside."""
+        inside = functools.reduce(jnp.logical_and, [(i >= 0) & (i <= size - 1) for i, size in zip(index, spatial)])
+        index = [jnp.clip(i, 0, size - 1).astype(jnp.int32) for i, size in zip(index, spatial)]
+        values = jax.vmap(lambda image, *i: image[(slice(None), *i)])(x, *index)
         return jnp.where(inside[:, None], values, 0)
 
     if mode == "nearest":
-        return tap(jnp.round(iy), jnp.round(ix))
-    x0, y0 = jnp.floor(ix), jnp.floor(iy)
-    wx, wy = (ix - x0)[:, None], (iy - y0)[:, None]
-    return (tap(y0, x0) * (1 - wx) * (1 - wy) + tap(y0, x0 + 1) * wx * (1 - wy)
-            + tap(y0 + 1, x0) * (1 - wx) * wy + tap(y0 + 1, x0 + 1) * wx * wy)
+        return tap([jnp.round(w) for w in where])
+    low = [jnp.floor(w) for w in where]
+    out = 0
+    for corner in itertools.product((0, 1), repeat=n):  # each of the 2^n neighbours, weighted by its nearness
+        weight = functools.reduce(jnp.multiply, [(w - f) if up else (1 - (w - f)) for w, f, up in zip(where, low, corner)])
+        out = out + tap([f + up for f, up in zip(low, corner)]) * weight[:, None]
+    return out
 
 
 def scatter(x, dim, index, src, reduce=None, include_self=True):
