@@ -623,6 +623,12 @@ CASES += [
     ("fractional_max_pool3d", aten.fractional_max_pool3d.default,
      (r(1, 2, 6, 7, 8), [2, 2, 3], [3, 4, 5], torch.rand(1, 2, 3)), {}),
     ("mode", aten.mode.default, (torch.randint(0, 4, (3, 9)).float(),), {}),
+    *[(f"segment_reduce_{how}", aten.segment_reduce.default, (r(6, 2), how), {"lengths": torch.tensor([2, 0, 3, 1])})
+      for how in ("sum", "mean", "max", "min", "prod")],
+    ("segment_reduce_initial", aten.segment_reduce.default, (r(6), "mean"),
+     {"lengths": torch.tensor([2, 0, 3, 1]), "initial": 0.5}),
+    ("segment_reduce_offsets", aten.segment_reduce.default, (r(6, 3), "max"),
+     {"offsets": torch.tensor([0, 2, 2, 6]), "initial": -0.25}),
     ("mode_dim_keepdim", aten.mode.default, (torch.randint(0, 3, (4, 7, 2)).float(), 1, True), {}),
     ("mode_0d", aten.mode.default, (torch.tensor(2.5),), {}),
     ("adaptive_max_pool1d_indices", aten.adaptive_max_pool1d.default, (r(2, 3, 7), [3]), {}),

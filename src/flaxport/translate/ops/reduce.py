@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from flaxport.translate.ops import ATOM, UNARY, Expr, Outputs, call, op
+from flaxport.translate.ops import ADD, ATOM, UNARY, Expr, Outputs, Unsupported, call, op
 
 
 def _axis(c, name="dim"):
@@ -142,6 +142,25 @@ def mode(c, node):
     keep = c.has("keepdim") and c.raw("keepdim") and ndim > 0
     return call(c.helper("most_frequent"), c.x("self"), axis=dim if dim != max(ndim, 1) - 1 else None,
                 keepdims="True" if keep else None)
+
+
+@op("aten.segment_reduce.default")
+def segment_reduce(c, node):
+    if c.has("indices") and c.raw("indices") is not None:
+        raise Unsupported("segment_reduce with indices (torch has no kernel for it either)")
+    if c.has("lengths") and c.raw("lengths") is not None:
+        lengths = c.x("lengths")
+        ndim = c.val("lengths").ndim
+    else:
+        offsets = c.x("offsets")
+        lengths = Expr(f"{offsets.at(ATOM)}[1:] - {offsets.at(ATOM)}[:-1]", ADD)
+        ndim = c.val("offsets").ndim
+    if ndim != 1:
+        raise Unsupported("segment_reduce with lengths or offsets of more than one axis")
+    axis = c.dim("axis", c.val("data").ndim) if c.has("axis") else 0
+    initial = c.raw("initial") if c.has("initial") else None
+    return call(c.helper("segment_reduce"), c.x("data"), repr(c.raw("reduce")), lengths, axis=axis or None,
+                initial=c.lit(initial, "initial") if initial is not None else None)
 
 
 @op("aten.topk.default")

@@ -311,3 +311,21 @@ def most_frequent(x, axis=-1, keepdims=False):
     else:
         value, index = jnp.moveaxis(value, -1, axis), jnp.moveaxis(index, -1, axis)
     return value, index.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+
+
+def segment_reduce(data, reduce, lengths, axis=0, initial=None):
+    """torch's segment_reduce: `data` along `axis` cut into consecutive segments of `lengths` (1-D),
+    each reduced ('sum', 'mean', 'max', 'min', 'prod') to one value; `initial` joins every segment
+    (an empty one is `initial`, else the reduction's identity, NaN for a mean)."""
+    data = jnp.moveaxis(data, axis, 0)
+    ids = jnp.searchsorted(jnp.cumsum(lengths), jnp.arange(data.shape[0]), side="right")
+    segment = {"sum": jax.ops.segment_sum, "mean": jax.ops.segment_sum, "max": jax.ops.segment_max,
+               "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}[reduce]
+    out = segment(data, ids, num_segments=lengths.shape[0])
+    counts = lengths.reshape((-1,) + (1,) * (data.ndim - 1)).astype(out.dtype)
+    if initial is not None:
+        combine = {"sum": jnp.add, "mean": jnp.add, "max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}
+        out = combine[reduce](out, initial)
+    if reduce == "mean":
+        out = out / counts if initial is None else jnp.where(counts == 0, initial, out / counts)
+    return jnp.moveaxis(out, 0, axis)
