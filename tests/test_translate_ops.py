@@ -471,6 +471,7 @@ CASES += [
     ("linalg_matrix_rank", aten.linalg_matrix_rank.atol_rtol_float, (r(2, 4, 3) @ r(3, 4),), {}),
     ("linalg_matrix_rank_tol", aten.linalg_matrix_rank.tol_tensor, (r(4, 4), torch.tensor(0.5)), {}),
     ("linalg_matrix_rank_float_tol", aten.linalg_matrix_rank.default, (r(4, 4), 0.5), {}),
+    ("linalg_matrix_rank_empty", aten.linalg_matrix_rank.atol_rtol_float, (r(2, 0, 3),), {}),
     ("linalg_matrix_power", aten.linalg_matrix_power.default, (r(3, 3), 3), {}),
     ("linalg_multi_dot", aten.linalg_multi_dot.default, ([r(2, 3), r(3, 4), r(4)],), {}),
     ("linalg_matrix_norm_nuc", aten.linalg_matrix_norm.str_ord, (r(2, 3, 4), "nuc"), {}),

@@ -192,7 +192,11 @@ def pinv(c, node):
     "aten.linalg_matrix_rank.default", "aten.linalg_matrix_rank.tol_tensor")
 def matrix_rank(c, node):
     """The number of singular values above max(atol, rtol * largest)."""
-    x = c.x("input" if c.has("input") else "self")
+    name = "input" if c.has("input") else "self"
+    x = c.x(name)
+    shape = c.val(name).shape
+    if 0 in tuple(shape[-2:]):  # an empty matrix has rank 0 (jnp finds no largest singular value)
+        return call("jnp.zeros", c.size(list(shape[:-2]), hint="shape"), "jnp.int64")
     if c.has("tol"):
         return call("jnp.linalg.matrix_rank", x, tol=c.x("tol"))
     atol, rtol = _tolerance(c, "atol"), _tolerance(c, "rtol")
