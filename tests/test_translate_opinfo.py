@@ -47,13 +47,11 @@ DTYPES = [("add", torch.int64), ("mul", torch.bool), ("cumsum", torch.int32), ("
           ("nn.functional.conv2d", torch.bfloat16), ("matmul", torch.float16), ("where", torch.int64)]
 
 # Why an entry cannot translate (part of the one-line message the translation gives).
-EXPORT = "torch.export could not capture"
 VALUE_SIZED = "size depends on tensor values"
 NO_JAX = "no counterpart"
 SIGNS = "unique only up to sign"
-GROWS = "resize_ growing"
 REFUSED = {  # entry: the reasons its samples are refused with
-    "nonzero": (VALUE_SIZED,), "special.bessel_y0": (NO_JAX,), "resize_": (EXPORT, GROWS), "linalg.eigh": (SIGNS,),
+    "nonzero": (VALUE_SIZED,), "special.bessel_y0": (NO_JAX,), "linalg.eigh": (SIGNS,),
 }
 
 

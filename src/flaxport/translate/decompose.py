@@ -119,13 +119,15 @@ def _trace(graph, node):
     inputs = []
 
     def example(a):
-        if torch.is_tensor(a.meta["val"]):
+        if torch.is_tensor(a.meta["val"]) or isinstance(a.meta["val"], torch.SymInt):
             inputs.append(a)
         return a.meta["val"]
 
     leaves, spec = _pytree.tree_flatten(torch.fx.map_arg((node.args, node.kwargs), example))
-    where = [i for i, v in enumerate(leaves) if torch.is_tensor(v)]
-    fake = detect_fake_mode([leaves[i] for i in where]) or _graph_fake_mode(graph)
+    # tensors and the symbolic sizes other nodes computed (a shape read from another tensor) are the
+    # traced function's inputs, so the tracer knows where each comes from
+    where = [i for i, v in enumerate(leaves) if torch.is_tensor(v) or isinstance(v, torch.SymInt)]
+    fake = detect_fake_mode([leaves[i] for i in where if torch.is_tensor(leaves[i])]) or _graph_fake_mode(graph)
     if fake is None:
         return None, None
 
