@@ -51,3 +51,12 @@ def histogram(c, node):
                   density="True" if c.has("density") and c.raw("density") else None)
     return Outputs((Expr(f"{result.at(ATOM)}[0].astype({x.at(ATOM)}.dtype)"),
                     Expr(f"{result.at(ATOM)}[1].astype({x.at(ATOM)}.dtype)")))
+
+
+@op("aten.histogram.bins_tensor")
+def histogram_edges(c, node):
+    """(counts, the bin edges given): numpy's bins, the last closed on the right."""
+    x = c.x("self")
+    result = call("jnp.histogram", x, c.x("bins"), weights=c.x("weight") if c.has("weight") else None,
+                  density="True" if c.has("density") and c.raw("density") else None)
+    return Outputs((Expr(f"{result.at(ATOM)}[0].astype({x.at(ATOM)}.dtype)"), c.x("bins")))
