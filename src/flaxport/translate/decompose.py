@@ -141,7 +141,9 @@ def _trace(graph, node):
 
     try:
         with fake, enable_python_dispatcher():
-            traced = make_fx(run, tracing_mode="real")(*[leaves[i] for i in where])
+            # functionalized: a decomposition writing into buffers (out=, in place) becomes pure ops
+            traced = make_fx(torch.func.functionalize(run, remove="mutations"),
+                             tracing_mode="real")(*[leaves[i] for i in where])
     except Exception:  # noqa: BLE001 - torch cannot decompose this call: it stays, and is refused by name
         return None, None
     if any(n.op == "get_attr" for n in traced.graph.nodes):
