@@ -54,8 +54,6 @@ def _alpha_functions():
 @contextlib.contextmanager
 def torch_dropout(mode: str, rng: np.random.Generator, log: DropoutLog):
     """Within: torch's dropout functions use recorded masks from `rng` (mode 'equal') or none ('off')."""
-    import inspect
-
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -65,9 +63,9 @@ def torch_dropout(mode: str, rng: np.random.Generator, log: DropoutLog):
     alpha = _alpha_functions()
 
     def dropout(func, args, kwargs):
-        bound = inspect.signature(func).bind(*args, **kwargs)
-        bound.apply_defaults()
-        x, p, training = bound.arguments["input"], float(bound.arguments["p"]), bound.arguments["training"]
+        # torch's signature, bound by hand: `func` may be another tool's wrapper of it
+        bound = dict(zip(("input", "p", "training", "inplace"), args), **kwargs)
+        x, p, training = bound["input"], float(bound.get("p", 0.5)), bound.get("training", True)
         if not training or p == 0.0 or mode == "off":
             return x
         nd = functions[func]
