@@ -599,6 +599,11 @@ CASES += [
     ("histc", aten.histc.default, (r(20), 5, -1.0, 1.0), {}),
     ("histc_own_range", aten.histc.default, (r(20), 4), {}),
     ("histogram", aten.histogram.bin_ct, (r(20), 4), {"range": [-2.0, 2.0], "weight": pos(20), "density": True}),
+    ("histogramdd", aten.histogramdd.default, (r(25, 2), [3, 4]), {}),
+    ("histogramdd_edges", aten.histogramdd.TensorList_bins,
+     (r(25, 2), [torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([-2.0, -0.5, 0.5, 1.0])]), {}),
+    ("histogramdd_range_weighted", aten.histogramdd.default, (r(5, 4, 3), [2, 3, 2]),
+     {"range": [-1.0, 1.0, -2.0, 0.5, 0.0, 2.0], "weight": pos(5, 4), "density": True}),
     ("histogram_edges", aten.histogram.bins_tensor, (r(30), torch.tensor([-1.5, -0.2, 0.0, 0.7, 2.0])), {}),
     ("histogram_edges_weighted", aten.histogram.bins_tensor, (r(30), torch.tensor([-1.0, 0.0, 1.0])),
      {"weight": pos(30), "density": True}),
@@ -718,7 +723,8 @@ REFUSED = {"aten.multinomial", "aten.randperm",  # test_sampling_without_a_trans
            "aten.unique_consecutive", "aten.unique_dim",
            "aten.chalf", "aten.special_bessel_y0", "aten.special_bessel_y1", "aten.special_modified_bessel_k0",
            "aten.special_modified_bessel_k1", "aten.special_scaled_modified_bessel_k0",
-           "aten.special_scaled_modified_bessel_k1", "aten.special_airy_ai"}  # test_refused_ops_say_why
+           "aten.special_scaled_modified_bessel_k1", "aten.special_airy_ai", "aten.geqrf", "aten.linalg_ldl_factor_ex",
+           "aten.linalg_ldl_factor", "aten.linalg_ldl_solve", "aten.hash_tensor"}  # test_refused_ops_say_why
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -811,6 +817,9 @@ def test_sampling_without_a_translation_says_what_to_do(target, args):
     (aten.special_scaled_modified_bessel_k0.default, (pos(3),), "no counterpart"),
     (aten.special_scaled_modified_bessel_k1.default, (pos(3),), "no counterpart"),
     (aten.special_airy_ai.default, (pos(3),), "no counterpart"),
+    (aten.geqrf.default, (r(4, 3),), "JAX keeps it private"),
+    (aten.linalg_ldl_factor_ex.default, (r(3, 3) @ r(3, 3).T,), "Bunch-Kaufman"),
+    (aten.hash_tensor.default, (r(3),), "jax_enable_x64"),
 ])
 def test_refused_ops_say_why(target, args, why):
     from flaxport.translate.ops import Unsupported

@@ -60,3 +60,18 @@ def histogram_edges(c, node):
     result = call("jnp.histogram", x, c.x("bins"), weights=c.x("weight") if c.has("weight") else None,
                   density="True" if c.has("density") and c.raw("density") else None)
     return Outputs((Expr(f"{result.at(ATOM)}[0].astype({x.at(ATOM)}.dtype)"), c.x("bins")))
+
+
+@op("aten.histogramdd.default", "aten.histogramdd.TensorList_bins")
+def histogramdd(c, node):
+    """(counts over the grid of `bins` (a count, or the edges, per dimension), [the edges of each
+    dimension]) of points (..., D)."""
+    bounds = c.raw("range") if c.has("range") else None
+    if "TensorList" in str(node.target):
+        bins = Expr("[" + ", ".join(c.x_item("bins", i).text for i in range(len(c.raw("bins")))) + "]")
+    else:
+        bins = c.ints(tuple(c.raw("bins")), "bins")
+    return call(c.helper("histogramdd"), c.x("self"), bins,
+                bounds=c.ints(tuple(bounds), "range") if bounds else None,
+                weight=c.x("weight") if c.has("weight") else None,
+                density="True" if c.has("density") and c.raw("density") else None)

@@ -423,3 +423,14 @@ def cdist(c, node):
 def pdist(c, node):
     p = c.raw("p") if c.has("p") else 2.0
     return call(c.helper("pdist"), c.x("self"), c.lit(p, "p") if p != 2.0 else None)
+
+
+@op("aten.geqrf.default")
+def geqrf(c, node):
+    raise Unsupported("LAPACK's raw QR (Householder vectors and scales): JAX keeps it private; use torch.linalg.qr")
+
+
+@op("aten.linalg_ldl_factor_ex.default", "aten.linalg_ldl_factor.default", "aten.linalg_ldl_solve.default")
+def ldl(c, node):
+    raise Unsupported("LDL with Bunch-Kaufman pivoting, which JAX has no counterpart of; use torch.linalg.cholesky "
+                      "or torch.linalg.solve")

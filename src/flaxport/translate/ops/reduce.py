@@ -163,6 +163,11 @@ def segment_reduce(c, node):
                 initial=c.lit(initial, "initial") if initial is not None else None)
 
 
+@op("aten.hash_tensor.default")
+def hash_tensor(c, node):
+    raise Unsupported("a 64-bit hash of the values' bits, which JAX holds only with jax_enable_x64")
+
+
 @op("aten.topk.default")
 def topk(c, node):
     ndim = c.val("self").ndim

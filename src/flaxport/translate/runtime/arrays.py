@@ -329,3 +329,14 @@ def segment_reduce(data, reduce, lengths, axis=0, initial=None):
     if reduce == "mean":
         out = out / counts if initial is None else jnp.where(counts == 0, initial, out / counts)
     return jnp.moveaxis(out, 0, axis)
+
+
+def histogramdd(x, bins, bounds=None, weight=None, density=False):
+    """torch.histogramdd: points x (..., D) counted on a grid of `bins` per dimension over `bounds`
+    (torch's range: (min, max) pairs flattened; the data's own span when None) -> (counts, [edges of
+    each dimension])."""
+    dims = x.shape[-1]
+    pairs = None if bounds is None else [tuple(bounds[i:i + 2]) for i in range(0, len(bounds), 2)]
+    counts, edges = jnp.histogramdd(x.reshape(-1, dims), bins, range=pairs,
+                                    weights=None if weight is None else weight.reshape(-1), density=density)
+    return counts.astype(x.dtype), [e.astype(x.dtype) for e in edges]
