@@ -286,9 +286,9 @@ def test_quick_config_draws_digits_the_classifier_recognises(framework, request,
 @pytest.mark.slow
 def test_ema_check_scores_the_ema_and_the_online_network(jax_smoke, cli, tmp_path, capsys):
     """ema_check: the EMA half is the run's own last record; the online half is another network."""
-    from flaxport.workloads.ddim import ema_check
+    from flaxport.cli import ema_check
 
-    cmd = [sys.executable, "-m", "flaxport.workloads.ddim.ema_check", "--workdir", str(jax_smoke[0])]
+    cmd = [sys.executable, "-m", "flaxport.cli.ema_check", "--workdir", str(jax_smoke[0])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **cli.keywords["env"]})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

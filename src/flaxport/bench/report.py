@@ -23,7 +23,7 @@ def _steady(seconds: list) -> list:
 
 def build(workload, config, epochs: int, results: list) -> dict:
     """results: [(seed, RunResult)] -> report dict (the report.json schema)."""
-    from flaxport.cli.env import facts
+    from flaxport.machine import facts
 
     step_flops = workload.train_flops(config) if workload.train_flops else None
     runs = []

@@ -1,9 +1,7 @@
 """flaxport env: versions, devices, thread settings."""
 from __future__ import annotations
 
-import importlib.metadata as md
-import os
-import platform
+from flaxport.machine import facts
 
 
 def add_parser(sub):
@@ -13,41 +11,6 @@ def add_parser(sub):
                    help="also measure float32 matmul GFLOP/s of (M,K)@(K,N) in XLA and torch: "
                         "the ceiling a compute-bound step can reach here")
     p.set_defaults(run=run)
-
-
-def _version(name):
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return "not installed"
-
-
-def facts() -> dict:
-    """Versions and devices as a dict (also embedded in compare reports)."""
-    import jax
-
-    out = {
-        "flaxport": _version("flaxport"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-    }
-    for pkg in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "torch", "keras"):
-        out[pkg] = _version(pkg)
-    out["jax_backend"] = jax.default_backend()
-    out["jax_devices"] = [str(d) for d in jax.devices()]
-    out["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
-    if out["jax_backend"] == "cpu":
-        from flaxport import kernels
-
-        out["native_convs"] = (f"built ({kernels.library_path().name})" if kernels.available()
-                               else f"off: {kernels.unavailable_reason()}")
-    if out["torch"] != "not installed":
-        import torch
-
-        out["torch_threads"] = torch.get_num_threads()
-        out["torch_cuda"] = torch.cuda.is_available()
-    return out
 
 
 def gemm_gflops(m: int, k: int, n: int, seconds: float = 1.0) -> dict:

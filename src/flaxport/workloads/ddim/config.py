@@ -94,7 +94,7 @@ class Config:
     # keras measures per validation batch; one set of 256 gives a steadier number per epoch.
     kid_images: int = 256
     # The network evaluation samples with: "ema" (keras) or "online", the trained weights
-    # with their running BN statistics (to check what the EMA buys; see ema_check.py).
+    # with their running BN statistics (to check what the EMA buys; see flaxport/cli/ema_check.py).
     sample_weights: str = "ema"
     # How the Flax convs run (flaxport.nn.conv2d). "native", flaxport's FFI kernels on CPU:
     # at 32x32, batch 64 a train step took 0.82-0.90 s against 1.50 s with "xla" and a

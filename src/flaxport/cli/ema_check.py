@@ -1,6 +1,6 @@
 """Score a DDIM run's EMA network and its trained ("online") network alike.
 
-    python -m flaxport.workloads.ddim.ema_check --workdir DIR [--data-dir D]
+    python -m flaxport.cli.ema_check --workdir DIR [--data-dir D]
 
 Reads the newest checkpoint of a jax or torch run and evaluates it twice, once per
 `sample_weights` ("ema", "online": the trained weights with their running BN statistics),
@@ -33,7 +33,7 @@ def check(workdir, data_dir=None) -> dict:
 def main(argv=None) -> int:
     from flaxport.errors import UserError
 
-    parser = argparse.ArgumentParser(prog="python -m flaxport.workloads.ddim.ema_check",
+    parser = argparse.ArgumentParser(prog="python -m flaxport.cli.ema_check",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--data-dir", default=None, help="where real datasets live (default $FLAXPORT_DATA)")
