@@ -6,7 +6,8 @@ import os
 import platform
 
 
-def _version(name):
+def package_version(name: str) -> str:
+    """The installed version of a distribution, or "not installed"."""
     try:
         return md.version(name)
     except md.PackageNotFoundError:
@@ -18,13 +19,13 @@ def facts() -> dict:
     import jax
 
     out = {
-        "flaxport": _version("flaxport"),
+        "flaxport": package_version("flaxport"),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
     }
     for pkg in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "torch", "keras"):
-        out[pkg] = _version(pkg)
+        out[pkg] = package_version(pkg)
     out["jax_backend"] = jax.default_backend()
     out["jax_devices"] = [str(d) for d in jax.devices()]
     out["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")

@@ -1,7 +1,7 @@
 """flaxport env: versions, devices, thread settings."""
 from __future__ import annotations
 
-from flaxport.machine import facts
+from flaxport.machine import facts, package_version
 
 
 def add_parser(sub):
@@ -47,7 +47,7 @@ def gemm_gflops(m: int, k: int, n: int, seconds: float = 1.0) -> dict:
     ja, jb = jax.device_put(a), jax.device_put(b)
     f = jax.jit(lambda x, y: x @ y)
     out = {"jax": best(lambda: f(ja, jb), lambda r: r.block_until_ready())}
-    if _version("torch") != "not installed":
+    if package_version("torch") != "not installed":
         import torch
 
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
