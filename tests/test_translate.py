@@ -583,3 +583,40 @@ def test_a_model_only_static_export_captures_translates_and_the_inputs_stay_unma
     t = translate(features.eval(), x)
     assert t.report.ok, str(t.report)
     assert not any(name.startswith("_dynamo") for name in vars(x))
+
+
+@pytest.mark.parametrize("layer, shape, broadcast", [
+    ("Dropout2d", (4, 8), ""),  # torch draws per element of a 2-D input
+    ("Dropout1d", (6, 8), "(2,)"),  # unbatched (C, L), made (1, C, L) first: a draw per channel
+    ("Dropout2d", (2, 6, 3, 8), "(2, 3)"),
+])
+def test_a_channel_dropout_draws_as_torch_does_for_the_rank_it_is_given(layer, shape, broadcast, tmp_path):
+    """The written model runs in train mode with the mask shape torch uses for that input's rank."""
+    import importlib.util
+
+    import jax.numpy as jnp
+    from torch import nn
+
+    from flaxport.translate import translate
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = getattr(nn, layer)(0.5)
+
+        def forward(self, x):
+            return self.drop(x)
+
+    t = translate(Block().eval(), torch.randn(*shape))
+    assert t.report.ok
+    line = next(line for line in t.source.splitlines() if "nnx.Dropout(" in line)
+    assert (f"broadcast_dims={broadcast}" in line) if broadcast else "broadcast_dims" not in line, line
+    t.save(tmp_path)
+    spec = importlib.util.spec_from_file_location("written", tmp_path / "model.py")
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    model = written.load(tmp_path)
+    model.train()
+    dropped = np.asarray(model(jnp.ones(shape))) == 0
+    if layer == "Dropout1d":  # whole channels
+        assert all(row.all() or not row.any() for row in dropped)

@@ -121,6 +121,15 @@ def _slot_line(text_parts) -> Line:
     return Line(text, tuple(slots))
 
 
+def _input_ndim(plan, path) -> int | None:
+    """The rank of the first input of the module's first call, where the capture shows one."""
+    for _, frame in plan.frames_by_path.get(path, []):
+        inputs = [n for n in plan.io(frame)[0] if hasattr(n, "meta") and hasattr(n.meta.get("val"), "ndim")]
+        if inputs:
+            return inputs[0].meta["val"].ndim
+    return None
+
+
 def layer_constructor(plan, path) -> list:
     """Parts of the runtime layer's constructor call for the torch module at path."""
     from flaxport.translate import layers as layer_table
@@ -142,7 +151,7 @@ def layer_constructor(plan, path) -> list:
     if plan.layer_channels_last(path):
         parts.append(", channels_last=True")
     if spec.runtime == "nnx.Dropout":
-        broadcast = layer_table.dropout_broadcast(module)
+        broadcast = layer_table.dropout_broadcast(module, _input_ndim(plan, path))
         if broadcast:
             parts.append(f", broadcast_dims={broadcast!r}")
     if spec.runtime in NEEDS_RNGS:

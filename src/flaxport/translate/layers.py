@@ -168,12 +168,18 @@ def _unbatched(module, frames) -> bool:
     return False
 
 
-def dropout_broadcast(module) -> tuple:
-    """nnx.Dropout broadcast_dims for torch's channel dropouts (one draw per (sample, channel))."""
+def dropout_broadcast(module, ndim: int | None = None) -> tuple:
+    """nnx.Dropout broadcast_dims for torch's channel dropouts on an input of `ndim` axes (one draw
+    per (sample, channel)): as torch draws them, Dropout1d/3d take an input one axis short as one
+    sample (a draw per channel), Dropout2d draws per the first two axes whatever the rank."""
     from torch import nn
 
     n = {nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}.get(type(module), 0)
-    return tuple(range(2, 2 + n))
+    if not n or ndim is None:
+        return tuple(range(2, 2 + n))
+    if n != 2 and ndim == n + 1:  # unbatched (C, *spatial)
+        return tuple(range(1, ndim))
+    return tuple(range(2, ndim))
 
 
 def is_inline(module) -> bool:
