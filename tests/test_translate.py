@@ -620,3 +620,33 @@ def test_a_channel_dropout_draws_as_torch_does_for_the_rank_it_is_given(layer, s
     dropped = np.asarray(model(jnp.ones(shape))) == 0
     if layer == "Dropout1d":  # whole channels
         assert all(row.all() or not row.any() for row in dropped)
+
+
+def test_a_module_overriding_train_with_its_own_signature_is_put_in_each_mode_directly():
+    """translate and its proofs set torch's modes on the module and its children themselves: a
+    train() of the user's taking a phase name is never called with a bool."""
+    from torch import nn
+
+    from flaxport.translate import translate
+    from flaxport.translate.proof import check_train
+
+    class Phased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.norm = nn.Linear(4, 4), nn.BatchNorm1d(4)
+
+        def train(self, phase: str = "fit"):
+            if not isinstance(phase, str):
+                raise TypeError("train takes a phase name")
+            for module in self.modules():
+                module.training = phase == "fit"
+            return self
+
+        def forward(self, x):
+            return self.norm(self.fc(x))
+
+    torch.manual_seed(0)
+    module = Phased().train("predict")
+    t = translate(module, torch.randn(5, 4))
+    assert t.report.ok and set(t.plan.captures) == {"eval", "train"}
+    assert check_train(t, module).ok

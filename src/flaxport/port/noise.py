@@ -18,6 +18,7 @@ import copy
 import numpy as np
 
 from flaxport.port.report import REAL, ROUNDING
+from flaxport.port.weights import set_torch_mode
 
 GUIDE = "docs/porting.md"
 NOT_FLOAT64 = ("not possible: with float64 weights and inputs the Flax side still computes in {} (a dtype "
@@ -79,7 +80,7 @@ def batchnorm_counts(torch_module, inputs, kwargs=None) -> dict:
     """{BatchNorm name: values per channel it normalises over} for one eval forward on `inputs` (a copy runs)."""
     import torch
 
-    tm = copy.deepcopy(torch_module).eval()
+    tm = set_torch_mode(copy.deepcopy(torch_module), False)
     counts: dict = {}
     handles = []
 

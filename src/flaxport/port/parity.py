@@ -33,7 +33,7 @@ import numpy as np
 from flaxport.port.converters import channels_first_kind
 from flaxport.port.report import ParityReport, Row
 from flaxport.port.weights import (CHANNELS_FIRST_KINDS, KeyMap, _torch_kind, as_tuple, build_key_map, canonical,
-                                   mode_kwargs, to_flax_input, to_torch_input)
+                                   mode_kwargs, set_torch_mode, to_flax_input, to_torch_input)
 
 
 # --------------------------------------------------------------------------- comparison
@@ -327,7 +327,7 @@ def _check(torch_module, flax_module, variables, inputs, *, train, loss_fn, atol
     if want_grads and loss_fn is None:
         t_loss, f_loss = _default_torch_loss, _default_flax_loss
 
-    tm = copy.deepcopy(torch_module).train(train)
+    tm = set_torch_mode(copy.deepcopy(torch_module), train)
     notes = silence_recurrent_dropout(tm)
     log = DropoutLog()
     with _TorchPrecision():

@@ -28,6 +28,7 @@ import optax
 from flaxport.errors import UserError
 from flaxport.port.parity import _TorchPrecision, compare
 from flaxport.port.report import Row, _Report
+from flaxport.port.weights import set_torch_mode
 
 
 @dataclasses.dataclass
@@ -224,14 +225,14 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
             for k, v in state.items():
                 if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point():
                     state[k] = v.double()
-    tm.train(train)
+    set_torch_mode(tm, train)
     notes = silence_recurrent_dropout(tm)
     xs_t = [to_torch_input(x) for x in inputs]
     t_targets = _torch_targets(targets)
     dtype = next((str(p.dtype).replace("torch.", "") for p in tm.parameters()), "float32")
 
     with torch.random.fork_rng(), torch.no_grad(), torch_dropout("off", None, DropoutLog()):
-        example_out = copy.deepcopy(tm).eval()(*xs_t, **(torch_kwargs or {}))
+        example_out = set_torch_mode(copy.deepcopy(tm), False)(*xs_t, **(torch_kwargs or {}))
     if flax_loss_fn is not None:
         j_loss, loss_source = flax_loss_fn, "flax_loss_fn (given)"
     else:

@@ -161,6 +161,14 @@ def _compatible(torch_kind: str, flax_kind: str) -> bool:
     return torch_kind == flax_kind or (flax_kind == "norm" and torch_kind in ("layernorm", "groupnorm"))
 
 
+def set_torch_mode(torch_module, train: bool):
+    """torch_module (returned) with it and every submodule in train (or eval) mode, set directly:
+    a module of yours may override train() with a signature of its own."""
+    for module in torch_module.modules():
+        module.training = train
+    return torch_module
+
+
 def mode_kwargs(flax_module, train: bool) -> dict:
     """Keyword arguments that put a Flax module in train/eval mode, by its __call__'s parameter names."""
     params = inspect.signature(flax_module.__call__).parameters
@@ -251,7 +259,7 @@ def torch_call_order(torch_module, torch_inputs, torch_kwargs) -> list:
                for m in torch_module.modules()]
     modes = {m: m.training for m in torch_module.modules()}
     try:
-        torch_module.eval()
+        set_torch_mode(torch_module, False)
         with torch.no_grad():
             torch_module(*torch_inputs, **torch_kwargs)
     finally:

@@ -25,6 +25,7 @@ import operator
 import re
 import warnings
 
+from flaxport.port.weights import set_torch_mode
 from flaxport.translate.decompose import decompose
 from flaxport.translate.errors import ExportError, TranslateError
 
@@ -208,7 +209,7 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
     import torch
 
     kwargs = dict(kwargs or {})
-    m = copy.deepcopy(module).train(train)
+    m = set_torch_mode(copy.deepcopy(module), train)
     if train:
         for sub in m.modules():
             # BatchNorm(momentum=None) reads float(num_batches_tracked) in train mode, which export

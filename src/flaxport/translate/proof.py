@@ -26,6 +26,7 @@ import numpy as np
 from flaxport.port import draws as rnd
 from flaxport.port.dropout import DropoutLog, DropoutMismatchError, FlaxMasks, graph_replay, torch_dropout
 from flaxport.port.parity import ParityReport, Row, compare
+from flaxport.port.weights import set_torch_mode
 
 ATOL = RTOL = 1e-5
 # The proof compiles each program once and runs it once: XLA's backend optimisations cost
@@ -132,7 +133,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     dtype = torch.float64 if f64 else None
     args = [_cast(a, dtype) for a in t.example_args]
     kwargs = {k: _cast(v, dtype) for k, v in t.example_kwargs.items()}
-    torch_module = copy.deepcopy(module).eval()
+    torch_module = set_torch_mode(copy.deepcopy(module), False)
     if f64:
         torch_module = torch_module.double()
     garbage_in = not_finite_in(torch_module, args, kwargs)
@@ -576,7 +577,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     dtype = torch.float64 if f64 else None
     args = [_cast(a, dtype) for a in t.example_args]
     kwargs = {k: _cast(v, dtype) for k, v in t.example_kwargs.items()}
-    torch_module = copy.deepcopy(module).train()
+    torch_module = set_torch_mode(copy.deepcopy(module), True)
     if f64:
         torch_module = torch_module.double()
     before = {k: v.detach().clone() for k, v in torch_module.state_dict().items()}

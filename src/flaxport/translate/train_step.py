@@ -18,6 +18,7 @@ import ast
 import dataclasses
 
 from flaxport.errors import UserError
+from flaxport.port.weights import set_torch_mode
 from flaxport.translate.training.losses import Loss, as_loss, parse_loss  # noqa: F401 - the module's API
 from flaxport.translate.training.optimizer import (as_optimizer, chain_code, make_torch_optimizer,  # noqa: F401
                                                    optimizer_text, parse_optimizer, transform_sources)
@@ -136,7 +137,7 @@ def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True,
         raise TrainStepError(f"--accumulate {plan.accumulate}: the example batch of {inputs[0].shape[0]} does not split "
                              f"into {plan.accumulate} equal micro-batches (give --input a batch that does)")
     with torch.no_grad():
-        example_out = copy.deepcopy(module).eval()(*inputs)
+        example_out = set_torch_mode(copy.deepcopy(module), False)(*inputs)
     if hasattr(example_out, "to_tuple"):  # a HuggingFace ModelOutput: the translation returns its tuple
         example_out = example_out.to_tuple()
     tuple_output = isinstance(example_out, (tuple, list))

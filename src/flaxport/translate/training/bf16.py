@@ -17,6 +17,8 @@ import warnings
 
 import numpy as np
 
+from flaxport.port.weights import set_torch_mode
+
 GAP_FACTOR = 2.0
 FLOOR = 1e-3
 
@@ -45,7 +47,7 @@ def _torch_run(training, module, x, y, steps, autocast: bool):
 
     loss, loop = training.loss, training.loop()
     tm, opt, sched = training.torch_loop(module)
-    tm.train()
+    set_torch_mode(tm, True)
     losses = []
     for s in range(1, steps + 1):
         opt.zero_grad(set_to_none=True)

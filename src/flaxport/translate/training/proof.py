@@ -48,13 +48,14 @@ def prove(t, module, training, source, inputs, targets, steps: int):
     from flaxport.port import check_step, draws
     from flaxport.port.dropout import DropoutLog, FlaxMasks, silence_recurrent_dropout, torch_dropout
     from flaxport.port.parity import compare
+    from flaxport.port.weights import set_torch_mode
 
     ns = namespace(source)
     loss, loop = training.loss, training.loop()
     jax_loss = ns["loss_fn"] if loss.has_targets else _no_targets(ns["loss_fn"])
     dummy = targets if loss.has_targets else torch.zeros(())
     tm, opt, sched = training.torch_loop(module)
-    report = check_step(tm.train(), opt, loss.torch_fn, t, (inputs, dummy), steps=steps, flax_loss_fn=jax_loss,
+    report = check_step(set_torch_mode(tm, True), opt, loss.torch_fn, t, (inputs, dummy), steps=steps, flax_loss_fn=jax_loss,
                         scheduler=sched, accumulate=loop.accumulate, clip_grad_norm=loop.clip_grad_norm,
                         norm_type=loop.norm_type, clip_grad_value=loop.clip_grad_value,
                         scheduler_every=loop.scheduler_every)
@@ -63,7 +64,7 @@ def prove(t, module, training, source, inputs, targets, steps: int):
     with jax.enable_x64(True), torch_default_dtype(torch.float64), torch_dropout("off", None, DropoutLog()), \
             FlaxMasks([], "off", False).nnx():
         tm64, opt, sched = training.torch_loop(module, torch.float64)
-        tm64.train()
+        set_torch_mode(tm64, True)
         silence_recurrent_dropout(tm64)
         xs64 = [_float64(x) for x in inputs]
         y64 = _float64(targets)
