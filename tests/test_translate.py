@@ -650,3 +650,27 @@ def test_a_module_overriding_train_with_its_own_signature_is_put_in_each_mode_di
     t = translate(module, torch.randn(5, 4))
     assert t.report.ok and set(t.plan.captures) == {"eval", "train"}
     assert check_train(t, module).ok
+
+
+@pytest.mark.parametrize("order", ["h, c", "c, h"])
+def test_an_lstm_given_its_state_is_called_with_the_pair(order):
+    """nn.LSTM(x, (h, c)) becomes self.rnn(x, (h, c)), whatever order forward takes h and c in."""
+    from torch import nn
+
+    from flaxport.translate import translate
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.fc = nn.LSTM(4, 6, batch_first=True), nn.Linear(6, 2)
+
+        def forward(self, x, first, second):
+            h, c = (first, second) if order == "h, c" else (second, first)
+            out, (h_n, c_n) = self.rnn(x, (h, c))
+            return self.fc(out[:, -1]), h_n, c_n
+
+    torch.manual_seed(0)
+    t = translate(Tagger().eval(), torch.randn(3, 5, 4), torch.randn(1, 3, 6), torch.randn(1, 3, 6))
+    assert t.report.ok, str(t.report)
+    pair = "(first, second)" if order == "h, c" else "(second, first)"
+    assert f"self.rnn(x, {pair})" in t.source

@@ -560,6 +560,9 @@ class BodyRenderer:
                         self.value_as(v, self.plan.call_wanted(self.capture, u.frame, v)).text)
         self.current_unit = saved
         attr = self.plan.attr_expr(self.path, u.frame.path)
+        spec = self.plan._specs.get(u.frame.path)
+        if spec is not None and spec.core and len(args) == 3:  # an LSTM given its state: torch's (h, c) pair
+            args = [args[0], f"({args[1]}, {args[2]})"]
         return Expr(f"{attr}({', '.join(args)})")
 
     def _op_expr(self, node) -> Expr:
