@@ -674,3 +674,28 @@ def test_an_lstm_given_its_state_is_called_with_the_pair(order):
     assert t.report.ok, str(t.report)
     pair = "(first, second)" if order == "h, c" else "(second, first)"
     assert f"self.rnn(x, {pair})" in t.source
+
+
+def test_a_cast_in_a_train_mode_branch_refers_only_to_values_already_defined():
+    """A float cast of integer ids in a class whose train and eval code differ: its dtype follows a
+    value defined before it, never the statement's own result (HF Falcon's rotary frequencies)."""
+    from torch import nn
+
+    from flaxport.translate import translate
+    from flaxport.translate.proof import check_train
+
+    class Rotary(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("inv_freq", torch.rand(4))
+
+        def forward(self, positions):
+            freqs = positions[..., None].float() * self.inv_freq
+            return nn.functional.dropout(freqs.sin(), 0.5, self.training)
+
+    torch.manual_seed(0)
+    module = Rotary().eval()
+    t = translate(module, torch.arange(6).reshape(2, 3))
+    assert t.report.ok, str(t.report)
+    assert not re.search(r"(\w+) = .*\.astype\(\1\.dtype\)", t.source), t.source
+    assert check_train(t, module).ok

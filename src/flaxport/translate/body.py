@@ -170,6 +170,7 @@ class BodyRenderer:
         self.inline = {v for v in producer if self._inlinable(v, out_set)}
         self._limit_depth()
         self.current_unit = None
+        self.defined: set = set()
         self._plan_symbols()
         # names of the inputs
         params = self.plan.param_names(self.frame)
@@ -393,6 +394,12 @@ class BodyRenderer:
 
     # ------------------------------------------------------------------ statements
     def _emit(self, u):
+        self._emit_unit(u)
+        # what is defined by now (dtype_reference looks only at these): the names are planned
+        # ahead, so being named says nothing about being in scope yet
+        self.defined.update(v for v in [*(u.outputs or ()), getattr(u, "node", None)] if v is not None)
+
+    def _emit_unit(self, u):
         if u.kind == "update":
             value = self.value(u.node)
             self.lines.append(f"{self.plan.attr_of_placeholder(self.path, u.target)}[...] = {value.text}")

@@ -495,7 +495,7 @@ class Plan:
             twin_dtype = getattr(twin.meta.get("val"), "dtype", None)
         if twin_dtype is None or not hasattr(val, "dtype") or str(twin_dtype) == str(val.dtype):
             return None
-        for v in list(body.inputs) + list(body.names):
+        for v in list(body.inputs) + [v for v in body.names if v in body.defined]:  # in scope here
             if isinstance(v, str) or v not in body.names:
                 continue
             vv = v.meta.get("val")
