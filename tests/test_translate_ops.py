@@ -593,7 +593,9 @@ CASES += [
     ("cummax", aten.cummax.default, (torch.tensor([[1.0, 3, 3, 2, 5, 5]]), 1), {}),
     ("cummin", aten.cummin.default, (r(3, 4), 0), {}),
     ("searchsorted_rows_right", aten.searchsorted.Tensor, (torch.sort(r(2, 5)).values, r(2, 3)), {"right": True}),
-    ("searchsorted_sorter", aten.searchsorted.Tensor, (r(6), r(4)), {"sorter": torch.argsort(r(6))}),
+    # sorter: the indices that sort this very sequence (another order is undefined in both)
+    ("searchsorted_sorter", aten.searchsorted.Tensor, (torch.tensor([0.3, -1.2, 2.0, 0.1, -0.4, 1.1]), r(4)),
+     {"sorter": torch.tensor([1, 4, 3, 0, 5, 2])}),
     ("searchsorted_scalar_int32", aten.searchsorted.Scalar, (torch.arange(5.0), 2.5), {"out_int32": True}),
     ("bucketize", aten.bucketize.Tensor, (r(3, 4), torch.tensor([-1.0, 0.0, 1.0])), {"right": True}),
     ("histc", aten.histc.default, (r(20), 5, -1.0, 1.0), {}),
