@@ -32,6 +32,7 @@ class Row:
     note: str = ""
     cause: str = ""
     step: int | None = None
+    not_finite: int = 0  # NaN/inf values both sides give at the same places (compared as equal)
 
     @property
     def rounding(self) -> bool:

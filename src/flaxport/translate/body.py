@@ -568,8 +568,8 @@ class BodyRenderer:
         self.current_unit = saved
         attr = self.plan.attr_expr(self.path, u.frame.path)
         spec = self.plan._specs.get(u.frame.path)
-        if spec is not None and spec.core and len(args) == 3:  # an LSTM given its state: torch's (h, c) pair
-            args = [args[0], f"({args[1]}, {args[2]})"]
+        if spec is not None and spec.state > 1 and len(args) == 1 + spec.state:  # given its state: as one tuple
+            args = [args[0], f"({', '.join(args[1:])})"]
         return Expr(f"{attr}({', '.join(args)})")
 
     def _op_expr(self, node) -> Expr:

@@ -18,6 +18,7 @@ class LayerSpec:
     ops: frozenset  # ATen ops allowed in its frame
     outputs: dict = dataclasses.field(default_factory=dict)  # core-op getitem index -> (access, top-level position)
     core: str = ""  # the op whose getitems are the outputs (multi-output layers)
+    state: int = 1  # tensors torch takes as its one state argument (LSTM's (h, c): 2)
 
 
 POSITIONAL = "<positional>"
@@ -111,7 +112,7 @@ def specs() -> dict:
         nn.GroupNorm: LayerSpec("GroupNorm", _group_norm, frozenset({"aten.group_norm.default"})),
         nn.Embedding: LayerSpec("Embedding", _embedding, frozenset({"aten.embedding.default"})),
         nn.LSTM: LayerSpec("LSTM", _rnn, frozenset({"aten.lstm.input", "aten.zeros.default", "getitem"}),
-                           {0: ("[0]", 0), 1: ("[1][0]", 1), 2: ("[1][1]", 1)}, "aten.lstm.input"),
+                           {0: ("[0]", 0), 1: ("[1][0]", 1), 2: ("[1][1]", 1)}, "aten.lstm.input", state=2),
         nn.GRU: LayerSpec("GRU", _rnn, frozenset({"aten.gru.input", "aten.zeros.default", "getitem"}),
                           {0: ("[0]", 0), 1: ("[1]", 1)}, "aten.gru.input"),
         nn.RNN: LayerSpec("RNN", _rnn_tanh_or_relu, frozenset({"aten.rnn_tanh.input", "aten.zeros.default", "getitem"}),

@@ -14,10 +14,10 @@ import json
 import platform
 import shlex
 import sys
-from importlib import metadata
 from pathlib import Path
 
 from flaxport.bench.coverage import runner, table
+from flaxport.machine import package_version
 
 PACKAGES = {"opinfo": (), "hf": ("transformers",), "timm": ("timm", "torchvision"), "torchvision": ("torchvision",)}
 
@@ -97,7 +97,7 @@ def describe(args, argv) -> dict:
     words = sys.argv[1:] if argv is None else list(argv)
     packages = ("torch", "jax", "flax", *PACKAGES.get(args.source, ())) + (("torchax",) if args.peer else ())
     return {"source": args.source, "command": "python -m flaxport.bench.coverage " + shlex.join(words),
-            "date": datetime.date.today().isoformat(), "versions": {p: _version(p) for p in packages},
+            "date": datetime.date.today().isoformat(), "versions": {p: package_version(p) for p in packages},
             "machine": f"{_cpus()}-CPU {cpu_model()}, {platform.system()}", "timeout": args.timeout,
             "memory_gb": args.memory, "peer": args.peer, "speed": args.speed}
 
@@ -117,13 +117,6 @@ def read(path) -> tuple[dict, list]:
     if not lines or "run" not in lines[0]:
         raise SystemExit(_error(f"{path}: not a coverage run's JSON lines (its first line describes the run)"))
     return lines[0]["run"], lines[1:]
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def _cpus() -> int:

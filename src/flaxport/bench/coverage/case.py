@@ -66,15 +66,13 @@ def main(argv=None) -> int:
             # timed on the first sample only (an op's samples are small and alike)
             check_sample(module, example_args, example_kwargs, sample, progress,
                          speed=args.speed and len(record["samples"]) == 1)
-        # the peer after all of flaxport's samples: what it leaves in torch (torchax patches torch's
-        # functions) cannot touch flaxport's next export
-        for (module, example_args, example_kwargs), sample in zip(samples, record["samples"]) if args.peer else ():
-            if sample.get("step") == "build":
-                continue
+        if args.peer:  # after all of flaxport's samples: what torchax patches in torch cannot touch their export
             from flaxport.bench.coverage import peer
 
-            progress("peer")
-            sample["peer"] = peer.run(args.peer, module, example_args, example_kwargs)
+            for (module, example_args, example_kwargs), sample in zip(samples, record["samples"]):
+                if sample["step"] != "build":  # not a sample torch itself cannot run
+                    progress("peer")
+                    sample["peer"] = peer.run(args.peer, module, example_args, example_kwargs)
         record.update(summarize(record["samples"]))
     record.update(case_seconds=round(time.perf_counter() - start, 2), cpu_seconds=round(time.process_time(), 1))
     progress("done")

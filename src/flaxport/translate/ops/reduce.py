@@ -155,11 +155,10 @@ def segment_reduce(c, node):
         offsets = c.x("offsets")
         lengths = Expr(f"{offsets.at(ATOM)}[1:] - {offsets.at(ATOM)}[:-1]", ADD)
         ndim = c.val("offsets").ndim
-    if ndim != 1:
+    if ndim != 1:  # torch takes lengths of axis + 1 dimensions: 1-D is axis 0
         raise Unsupported("segment_reduce with lengths or offsets of more than one axis")
-    axis = c.dim("axis", c.val("data").ndim) if c.has("axis") else 0
     initial = c.raw("initial") if c.has("initial") else None
-    return call(c.helper("segment_reduce"), c.x("data"), repr(c.raw("reduce")), lengths, axis=axis or None,
+    return call(c.helper("segment_reduce"), c.x("data"), repr(c.raw("reduce")), lengths,
                 initial=c.lit(initial, "initial") if initial is not None else None)
 
 

@@ -13,6 +13,11 @@ from jax import lax
 from flaxport.translate.runtime.functions import _ceil_extra, _tuple
 
 
+def _index_dtype():
+    """torch's int64 indices where JAX holds 64-bit integers (jax_enable_x64), else int32."""
+    return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
+
+
 def as_strided(x, size, stride, storage_offset=0):
     """torch.as_strided of a contiguous tensor: element [i, j, ...] is x's flat element
     storage_offset + i * stride[0] + j * stride[1] + ... ; -> shape `size`."""
@@ -36,7 +41,7 @@ def cumulative_extreme(x, axis, largest=True):
     positions = lax.broadcasted_iota(jnp.int32, x.shape, axis % x.ndim)
     held = (x == values) | jnp.isnan(x)
     indices = lax.cummax(jnp.where(held, positions, 0), axis=axis % x.ndim)
-    return values, indices.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+    return values, indices.astype(_index_dtype())
 
 
 def cdist(x1, x2, p=2.0):
@@ -295,7 +300,7 @@ def fractional_max_pool(x, kernel_size, output_size, samples):
     windows = jnp.take_along_axis(planes, flat.reshape(lead + (-1,)), axis=-1).reshape(flat.shape)
     first = jnp.argmax(windows, axis=-1)[..., None]  # the first maximum, as torch's strict '>' scan
     return (jnp.take_along_axis(windows, first, axis=-1)[..., 0],
-            jnp.take_along_axis(flat, first, axis=-1)[..., 0].astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32))
+            jnp.take_along_axis(flat, first, axis=-1)[..., 0].astype(_index_dtype()))
 
 
 def most_frequent(x, axis=-1, keepdims=False):
@@ -310,14 +315,13 @@ def most_frequent(x, axis=-1, keepdims=False):
         value, index = value[..., 0], index[..., 0]
     else:
         value, index = jnp.moveaxis(value, -1, axis), jnp.moveaxis(index, -1, axis)
-    return value, index.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+    return value, index.astype(_index_dtype())
 
 
-def segment_reduce(data, reduce, lengths, axis=0, initial=None):
-    """torch's segment_reduce: `data` along `axis` cut into consecutive segments of `lengths` (1-D),
+def segment_reduce(data, reduce, lengths, initial=None):
+    """torch's segment_reduce along axis 0: `data` cut into consecutive segments of `lengths` (1-D),
     each reduced ('sum', 'mean', 'max', 'min', 'prod') to one value; `initial` joins every segment
     (an empty one is `initial`, else the reduction's identity, NaN for a mean)."""
-    data = jnp.moveaxis(data, axis, 0)
     ids = jnp.searchsorted(jnp.cumsum(lengths), jnp.arange(data.shape[0]), side="right")
     segment = {"sum": jax.ops.segment_sum, "mean": jax.ops.segment_sum, "max": jax.ops.segment_max,
                "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}[reduce]
@@ -328,7 +332,7 @@ def segment_reduce(data, reduce, lengths, axis=0, initial=None):
         out = combine[reduce](out, initial)
     if reduce == "mean":
         out = out / counts if initial is None else jnp.where(counts == 0, initial, out / counts)
-    return jnp.moveaxis(out, 0, axis)
+    return out
 
 
 def histogramdd(x, bins, bounds=None, weight=None, density=False):
