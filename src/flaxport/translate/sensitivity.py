@@ -1,0 +1,64 @@
+"""How far torch's own float64 results move when its inputs change in the 14th digit.
+
+Some models are so ill-conditioned on their example inputs that rounding decides their outputs:
+a train-mode BatchNorm normalising over 2 values per channel (a batch of 2 at 1x1 pixels, late in
+an EfficientNet) divides by the difference of two nearly equal numbers, and stacked a few times
+turns a 1e-16 change into one of 1e-3. Two correct implementations that round differently then
+disagree by that much, in float64 too. The proof asks torch the same question it asks the
+translation: run again on inputs each moved by up to 1e-14 of itself (a fixed pattern of signs
+and sizes, so the run repeats), from the same state and with the same random draws. A
+translation that differs from torch by no more than torch differs from itself there is as right
+as rounding allows; its row says so, with the figure.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+NUDGE = 1e-14  # ~50 float64 ulps: more than the rounding two implementations disagree by
+
+
+def nudged(value, seed: int = 0):
+    """`value` with every floating-point tensor x in it replaced by x * (1 + NUDGE * u), u uniform
+    in [-1, 1] per element (drawn from NumPy with `seed`, not from torch's generator)."""
+    import torch
+    from torch.utils import _pytree
+
+    rng = np.random.default_rng(seed)
+
+    def nudge(leaf):
+        if torch.is_tensor(leaf) and leaf.is_floating_point() and not leaf.is_complex():
+            u = torch.from_numpy(rng.uniform(-1.0, 1.0, tuple(leaf.shape))).to(leaf.dtype)
+            return leaf * (1 + NUDGE * u)
+        return leaf
+
+    return _pytree.tree_map(nudge, value)
+
+
+def torch_spread(module, state: dict, args, kwargs, rng_state, run) -> tuple:
+    """Run a copy of `module` with `state` (its state_dict before the forward being compared) on
+    nudged inputs, the generator reset to `rng_state` so it draws what the first run drew.
+    `run(module, args, kwargs)` does the forward as the first run did (its contexts) and returns
+    its outputs as NumPy arrays. -> (those arrays, {buffer name: NumPy array after the forward})."""
+    import torch
+
+    twin = copy.deepcopy(module)
+    twin.load_state_dict(state)
+    saved = torch.get_rng_state()
+    torch.set_rng_state(rng_state)
+    try:
+        nudged_args, nudged_kwargs = nudged((list(args), dict(kwargs)))
+        out = run(twin, nudged_args, nudged_kwargs)
+    finally:
+        torch.set_rng_state(saved)
+    return out, {k: v.detach().numpy() for k, v in twin.state_dict().items()}
+
+
+def spread(a, b) -> float:
+    """max |a - b| over the finite places of both (0.0 when there are none)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return 0.0
+    both = np.isfinite(a) & np.isfinite(b)
+    return float(np.abs(a - b)[both].max()) if both.any() else 0.0
