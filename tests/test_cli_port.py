@@ -1,4 +1,4 @@
-"""`flaxport parity` and `flaxport convert`, and port.init_state_from_torch.
+"""`flaxport parity` and `flaxport convert`, and workloads.checkpoints.init_state_from_torch.
 
 Most commands run in this process through flaxport.cli.main (a subprocess costs ~4 s of
 imports); one runs as a real subprocess to show the one-line error end to end.
@@ -182,7 +182,7 @@ def test_convert_gan_safetensors_round_trip_and_parity_of_a_file(capsys, tmp_pat
 
 
 def test_init_state_from_torch_gives_the_torch_models_eval_outputs(tmp_path, torch_cnn_run):
-    from flaxport.port import init_state_from_torch
+    from flaxport.workloads.checkpoints import init_state_from_torch
     from flaxport.workloads import registry
     from flaxport.workloads.cnn import step
 
@@ -271,8 +271,8 @@ def test_convert_ddim_carries_the_ema_network_both_ways(capsys, tmp_path):
 
     from flaxport.harness import torch_loop
     from flaxport.harness.workdir import claim
-    from flaxport.port import init_state_from_torch
-    from flaxport.port.checkpoints import read_torch_file, state_from_flat
+    from flaxport.workloads.checkpoints import init_state_from_torch
+    from flaxport.workloads.checkpoints import read_torch_file, state_from_flat
     from flaxport.workloads.ddim import config as config_lib
     from flaxport.workloads.ddim import convert, step_torch
 

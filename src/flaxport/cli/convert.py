@@ -47,12 +47,12 @@ def add_parser(sub):
 
 def run(args) -> int:
     common.setup_jax(args.workload)  # before anything imports jax
-    from flaxport.port.checkpoints import FILE_SUFFIXES
-    from flaxport.port.twins import part_names
+    from flaxport.workloads.checkpoints import FILE_SUFFIXES
+    from flaxport.workloads.twins import part_names
     from flaxport.workloads import registry
 
     workload = registry.get(args.workload)
-    part_names(workload.name)  # a workload flaxport.port has no twin map for: one line, before any work
+    part_names(workload.name)  # a workload that declares no twin parts: one line, before any work
     src, dst = Path(args.src), Path(args.dst)
     if not src.exists():
         raise UserError(f"{src}: no such file or directory")
@@ -71,8 +71,8 @@ def _torch_to_flax(workload, src: Path, dst: Path, args) -> int:
     from flaxport import fileset
     from flaxport.harness.store import open_store
     from flaxport.harness.workdir import write_json
-    from flaxport.port.checkpoints import read_torch_file, split_ema, state_from_flat
-    from flaxport.port.twins import ema_name
+    from flaxport.workloads.checkpoints import read_torch_file, split_ema, state_from_flat
+    from flaxport.workloads.twins import ema_name
 
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise UserError(f"{dst} exists and is not an empty directory; convert writes a new workdir")
@@ -126,7 +126,7 @@ def _flax_to_torch(workload, src: Path, dst: Path) -> int:
     import jax.numpy as jnp
 
     from flaxport.harness.store import open_store
-    from flaxport.port.checkpoints import abstract_state, flat_from_state, write_torch_file
+    from flaxport.workloads.checkpoints import abstract_state, flat_from_state, write_torch_file
 
     run = common.load_run(workload, src)
     if run.framework != "jax":

@@ -65,12 +65,12 @@ def run(args) -> int:
     import jax
 
     from flaxport.port import check_parity
-    from flaxport.port.twins import part_names, parts
+    from flaxport.workloads.twins import part_names, parts
     from flaxport.workloads import registry
 
     jax.config.update("jax_default_matmul_precision", "highest")  # no TF32/bf16 passes on accelerators
     workload = registry.get(args.workload)
-    part_names(workload.name)  # a workload flaxport.port has no twin map for: one line, before any work
+    part_names(workload.name)  # a workload that declares no twin parts: one line, before any work
     if args.config not in workload.variants:
         raise UserError(f"unknown config {args.config!r} for {workload.name}; choose one of: "
                         f"{', '.join(workload.variants)}")
@@ -131,8 +131,8 @@ def _load_weights(name, config, path, torch_parts, key_maps) -> None:
     copy is checked against the same key map (every key, every shape) and not run."""
     import torch
 
-    from flaxport.port.checkpoints import read_torch_file, split, split_ema
-    from flaxport.port.twins import ema_name
+    from flaxport.workloads.checkpoints import read_torch_file, split, split_ema
+    from flaxport.workloads.twins import ema_name
     from flaxport.port.weights import PortError
 
     flat, _ = read_torch_file(path, name)

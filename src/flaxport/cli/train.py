@@ -83,7 +83,7 @@ def _from_torch(workload, path):
         raise UserError(f"--init-from: no file {path}")
 
     def init_state(config, key):
-        from flaxport.port.checkpoints import init_state_from_torch
+        from flaxport.workloads.checkpoints import init_state_from_torch
 
         info(f"{workload.name}: weights and statistics from {path} (optimizer starts fresh)")
         return init_state_from_torch(workload, config, path, key)

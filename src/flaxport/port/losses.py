@@ -1,9 +1,7 @@
 """The torch loss of a train-step check, carried into JAX.
 
-`flaxport.translate.translate_function(loss_fn, outputs, targets)` captures any torch
-loss (a function or a loss module) and translates it like a model. Where that package is
-absent, check_step falls back to this small table of torch's common losses (functions
-and modules, with their reduction and options), written with torch's arithmetic:
+check_step carries torch's common losses (functions and modules, with their reduction and
+options) by this table, written with torch's arithmetic:
 
   F.cross_entropy / nn.CrossEntropyLoss   class axis 1, ignore_index, label_smoothing, weight
   F.nll_loss / nn.NLLLoss                  class axis 1, ignore_index, weight
@@ -11,7 +9,9 @@ and modules, with their reduction and options), written with torch's arithmetic:
   F.l1_loss / nn.L1Loss
   F.binary_cross_entropy_with_logits / nn.BCEWithLogitsLoss   the stable formula, pos_weight, weight
 
-Anything else (a lambda, a custom module) needs translate, or `flax_loss_fn=`.
+Anything else (a lambda, a custom module) is given as `flax_loss_fn=`: a JAX function of
+(outputs, targets), hand-written or translated from the torch loss by
+`flaxport.translate.translate_function(loss_fn, example_outputs, example_targets)`.
 """
 from __future__ import annotations
 
@@ -124,26 +124,17 @@ def loss_name(loss_fn) -> str:
     return getattr(loss_fn, "__qualname__", None) or type(loss_fn).__name__
 
 
-def jax_loss(loss_fn, example_outputs, example_targets) -> tuple:
-    """(jax loss(outputs, targets) in torch layout, how it was obtained) for a torch loss."""
-    try:
-        from flaxport.translate import translate_function
-    except ImportError:
-        translate_function = None
-    if translate_function is not None:
-        try:
-            return translate_function(loss_fn, example_outputs, example_targets), "translated by flaxport.translate"
-        except UserError as e:
-            raise UnsupportedLossError(f"the loss {loss_name(loss_fn)} cannot be captured: {e}; pass "
-                                       "flax_loss_fn=(a JAX function of outputs, targets) instead") from e
+def jax_loss(loss_fn) -> tuple:
+    """(jax loss(outputs, targets) in torch layout, how it was obtained) for a torch loss of the table."""
     found = table_loss(loss_fn)
     if found is None:
         raise UnsupportedLossError(
-            f"the loss {loss_name(loss_fn)} cannot be captured: flaxport.translate is not available and it is not "
-            "one of the torch losses check_step knows without it (cross_entropy, nll_loss, mse_loss, l1_loss, "
-            "binary_cross_entropy_with_logits); pass flax_loss_fn=(a JAX function of outputs, targets)")
+            f"the loss {loss_name(loss_fn)} is not one of the torch losses check_step carries (cross_entropy, "
+            "nll_loss, mse_loss, l1_loss, binary_cross_entropy_with_logits): pass flax_loss_fn=(a JAX function of "
+            "outputs, targets), e.g. flaxport.translate.translate_function(loss_fn, example_outputs, "
+            "example_targets)")
     fn, label = found
-    return fn, f"{label} from flaxport's loss table (flaxport.translate is not available)"
+    return fn, f"{label} from flaxport's loss table"
 
 
 def as_jax_targets(targets):

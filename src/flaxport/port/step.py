@@ -231,12 +231,10 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
     t_targets = _torch_targets(targets)
     dtype = next((str(p.dtype).replace("torch.", "") for p in tm.parameters()), "float32")
 
-    with torch.random.fork_rng(), torch.no_grad(), torch_dropout("off", None, DropoutLog()):
-        example_out = set_torch_mode(copy.deepcopy(tm), False)(*xs_t, **(torch_kwargs or {}))
     if flax_loss_fn is not None:
         j_loss, loss_source = flax_loss_fn, "flax_loss_fn (given)"
     else:
-        j_loss, loss_source = losses.jax_loss(loss_fn, example_out, t_targets)
+        j_loss, loss_source = losses.jax_loss(loss_fn)
 
     if dtype == "float64" and not jax.config.jax_enable_x64:
         raise UserError("the torch module is float64 but jax x64 is off: run check_step inside "

@@ -23,6 +23,9 @@ class Workload:
     write_pictures(workdir, data, artifacts, label) -> [paths]
     train_flops(config) -> FLOPs of one train step (optional)
     torch_twin: module path of the PyTorch twin (imported only when used)
+    twin_parts(config, torch_state=None) -> [workloads.twins.Part]: its models beside the twin's
+      (convert.py), for `flaxport convert` / `parity`; part_names: their names without building
+      them (more than one: prefixed flat keys); ema_name: the twin's key of an EMA copy, or None
     keras_twin: module path of the Keras 3 twin, where there is one
     checkpoint_metric: the quality key `compare` reports first
     """
@@ -46,6 +49,9 @@ class Workload:
     # configure(config, data) -> config: settings that come from the training data (DDIM's
     # normalisation statistics); train and compare apply it, so config.json records them.
     configure: Callable | None = None
+    twin_parts: Callable | None = None
+    part_names: tuple = ("model",)
+    ema_name: str | None = None
 
 
 # name: (package, one-line summary, prefers single-threaded XLA on CPU)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from flaxport.errors import UserError
 from flaxport.workloads.cnn import config as config_lib
-from flaxport.workloads.cnn import model, plots, quality, step
+from flaxport.workloads.cnn import convert, model, plots, quality, step
 from flaxport.workloads.registry import Workload
 
 SOURCES = ("digits", "cifar10")
@@ -46,6 +46,7 @@ WORKLOAD = Workload(
     evaluate=evaluate,
     write_pictures=plots.write_pictures,
     torch_twin="flaxport.workloads.cnn.step_torch",
+    twin_parts=convert.twin_parts,
     loss_keys=("loss",),
     train_flops=model.train_flops,
 )

@@ -120,3 +120,15 @@ def state_from_torch(config, torch_cnn):
     params = jax.tree.map(jnp.asarray, v["params"])
     return shapes.replace(step=0, params=params, batch_stats=jax.tree.map(jnp.asarray, v["batch_stats"]),
                           opt_state=shapes.tx.init(params))
+
+
+def twin_parts(config, torch_state=None) -> list:
+    """[the CNN] as a flaxport.workloads.twins.Part: the torch twin (`torch_state`'s, or a fresh
+    one) beside the Flax module, for the generic port tools (convert, parity)."""
+    from flaxport.workloads.cnn import model_torch
+    from flaxport.workloads.twins import Part, replace_whole, whole
+
+    net = torch_state.model if torch_state is not None else model_torch.CNN(config)
+    x = np.zeros((2, config.channels, config.image_size, config.image_size), np.float32)
+    return [Part("model", "", net, model.cnn(config), (x,), {"fc1": model.flat_geometry(config)}, whole,
+                 replace_whole, lambda s: int(s.step))]

@@ -7,7 +7,7 @@ import numpy as np
 
 from flaxport.errors import UserError
 from flaxport.workloads.ddim import config as config_lib
-from flaxport.workloads.ddim import model, plots, quality, step
+from flaxport.workloads.ddim import convert, model, plots, quality, step
 from flaxport.workloads.registry import Workload
 
 SOURCES = ("digits", "flowers102")
@@ -86,6 +86,8 @@ WORKLOAD = Workload(
     evaluate=evaluate,
     write_pictures=plots.write_pictures,
     torch_twin="flaxport.workloads.ddim.step_torch",
+    twin_parts=convert.twin_parts,
+    ema_name="ema_model",
     loss_keys=("loss", "image_loss"),
     train_flops=model.train_flops,
     configure=configure,

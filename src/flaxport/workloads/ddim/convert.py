@@ -136,3 +136,20 @@ def state_from_torch(config, torch_ddim) -> step.DDIMState:
     return step.DDIMState(step=0, apply_fn=model.unet(config).apply, params=params, tx=tx,
                           opt_state=jax.jit(tx.init)(params), batch_stats=as_jax(v["batch_stats"]),
                           ema_params=as_jax(ema["params"]), ema_batch_stats=as_jax(ema["batch_stats"]))
+
+
+def twin_parts(config, torch_state=None) -> list:
+    """[the UNet] as a flaxport.workloads.twins.Part, with its EMA copy: the torch twin
+    (`torch_state`'s, or a fresh one) beside the Flax module, for the generic port tools."""
+    from flaxport.workloads.ddim import model_torch
+    from flaxport.workloads.twins import Part, replace_whole, whole
+
+    net = torch_state.model if torch_state is not None else model_torch.UNet(config)
+    # Two inputs: noisy images (N, C, H, W) and noise variances (N, 1, 1, 1). Both are float
+    # rank 4, so both go channels-last for Flax; moving axis 1 of an (N, 1, 1, 1) array to
+    # the end leaves it as it is, which is the variance input the Flax UNet takes.
+    x = np.zeros((2, config.channels, config.image_size, config.image_size), np.float32)
+    variances = np.zeros((2, 1, 1, 1), np.float32)
+    # One train-mode forward per step (the noise loss), so num_batches_tracked follows step.
+    return [Part("model", "", net, model.unet(config), (x, variances), None, whole, replace_whole,
+                 lambda s: int(s.step), ema=("ema_params", "ema_batch_stats"))]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from flaxport.data import mixture
 from flaxport.errors import UserError
 from flaxport.workloads.gan import config as config_lib
-from flaxport.workloads.gan import plots, quality, step
+from flaxport.workloads.gan import convert, plots, quality, step
 from flaxport.workloads.registry import Workload
 
 
@@ -30,5 +30,7 @@ WORKLOAD = Workload(
     evaluate=evaluate,
     write_pictures=plots.write_pictures,
     torch_twin="flaxport.workloads.gan.step_torch",
+    twin_parts=convert.twin_parts,
+    part_names=("G", "D"),
     loss_keys=("g_loss", "d_loss"),
 )

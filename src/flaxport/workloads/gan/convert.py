@@ -186,3 +186,20 @@ def state_from_torch(config, torch_gan):
         return ts.replace(step=0, params=params, batch_stats=stats, opt_state=ts.tx.init(params))
 
     return step.GANState(g=port(shapes.g, torch_gan.G), d=port(shapes.d, torch_gan.D))
+
+
+def twin_parts(config, torch_state=None) -> list:
+    """[G, D] as flaxport.workloads.twins.Part: the torch twin's modules (`torch_state`'s, or fresh
+    ones) beside the Flax modules, for the generic port tools (convert, parity)."""
+    from flaxport.workloads.gan import model, model_torch
+    from flaxport.workloads.twins import Part
+
+    ts = torch_state
+    g, d = (ts.G, ts.D) if ts is not None else (model_torch.generator(config), model_torch.discriminator(config))
+    z = np.zeros((2, config.z_dim), np.float32)
+    x = np.zeros((2, 1), np.float32)
+    # G runs one train-mode forward per step (g.step); D one in the G step and one per D update.
+    return [Part("G", "G.", g, model.generator(config), (z,), None, lambda s: s.g, lambda s, p: s.replace(g=p),
+                 lambda s: int(s.g.step)),
+            Part("D", "D.", d, model.discriminator(config), (x,), None, lambda s: s.d, lambda s, p: s.replace(d=p),
+                 lambda s: int(s.g.step) + int(s.d.step))]

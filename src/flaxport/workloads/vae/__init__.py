@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from flaxport.errors import UserError
 from flaxport.workloads.vae import config as config_lib
-from flaxport.workloads.vae import model, plots, quality, step
+from flaxport.workloads.vae import convert, model, plots, quality, step
 from flaxport.workloads.registry import Workload
 
 SOURCES = ("digits", "binarized_mnist")
@@ -50,6 +50,7 @@ WORKLOAD = Workload(
     evaluate=evaluate,
     write_pictures=plots.write_pictures,
     torch_twin="flaxport.workloads.vae.step_torch",
+    twin_parts=convert.twin_parts,
     keras_twin="flaxport.workloads.vae.step_keras",
     loss_keys=("loss",),
     train_flops=model.train_flops,

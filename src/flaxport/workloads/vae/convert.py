@@ -106,3 +106,15 @@ def flax_to_keras(variables, net) -> None:
         if tuple(value.shape) != tuple(v.shape):
             raise ValueError(f"shape mismatch for {v.path!r}: {value.shape}, expected {tuple(v.shape)}")
         v.assign(value)
+
+
+def twin_parts(config, torch_state=None) -> list:
+    """[the VAE] as a flaxport.workloads.twins.Part: the torch twin (`torch_state`'s, or a fresh
+    one) beside the Flax module, for the generic port tools (convert, parity)."""
+    from flaxport.workloads.twins import Part, replace_whole, whole
+    from flaxport.workloads.vae import model, model_torch
+
+    net = torch_state.model if torch_state is not None else model_torch.VAE(config)
+    x = np.zeros((2, config.image_size ** 2), np.float32)
+    eps = np.zeros((2, config.latents), np.float32)
+    return [Part("model", "", net, model.vae(config), (x, eps), None, whole, replace_whole, lambda s: 0)]

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from flaxport.errors import UserError, first_line
-from flaxport.port.twins import ema_name, part_names, parts
+from flaxport.workloads.twins import ema_name, part_names, parts
 from flaxport.port.weights import PortError, ShapeMismatchError, UnexpectedKeyError
 
 TORCH_SUFFIXES = (".pt", ".pth")
