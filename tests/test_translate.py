@@ -541,6 +541,123 @@ def test_a_sequential_with_a_forward_of_its_own_runs_that_forward():
     _assert_runs_like_torch_at_other_sizes(module, (x,), t, "aspp")
 
 
+def test_sizes_a_block_passes_to_a_child_are_the_childs_parameters():
+    """timm EdgeNeXt's positional encoding: a block inside an nn.Sequential calls a child with sizes
+    it read from its input (`self.pos(B, H, W)`). The child takes them as parameters, in its
+    forward's order; the block reads them from its own arrays, so it takes one input and fits
+    the nnx.Sequential (it asked for the image's sizes, which a Sequential cannot pass)."""
+    import torch
+    from torch import nn
+
+    from flaxport.translate import translate
+
+    class Pos(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(3, 8)
+
+        def forward(self, B, H, W):
+            ys = torch.arange(H, dtype=torch.float32)[:, None].expand(H, W)
+            xs = torch.arange(W, dtype=torch.float32)[None, :].expand(H, W)
+            grid = torch.stack([ys, xs, ys * xs], -1)
+            return self.proj(grid).permute(2, 0, 1)[None].expand(B, -1, -1, -1)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+            self.pos = Pos()
+
+        def forward(self, x):
+            B, C, H, W = x.shape
+            return x + self.conv(x) + self.pos(B, H, W)
+
+    class Net(nn.Module):  # the blocks' sizes are expressions of the image's (a strided stem)
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+            self.blocks = nn.Sequential(Block(), Block())
+
+        def forward(self, x):
+            return self.blocks(self.stem(x))
+
+    torch.manual_seed(0)
+    module, x = Net().eval(), torch.randn(2, 3, 9, 9)
+    t = translate(module, x)
+    assert t.report.ok, str(t.report)  # in float32: the grid is float32 in the source
+    assert "    def __call__(self, B, H, W):" in t.source
+    assert "self.pos(x.shape[0], x.shape[2], x.shape[3])" in t.source
+    assert "self.blocks = nnx.Sequential(Block(rngs=rngs), Block(rngs=rngs))" in t.source
+    _assert_runs_like_torch_at_other_sizes(module, (x,), t, "edgenext")
+
+
+def test_a_sequential_of_named_children_called_one_by_one_keeps_their_names():
+    """timm MetaFormer's head: an nn.Sequential built from an OrderedDict whose children the forward
+    calls one by one (`self.head.norm(x)`). It is an nnx.Dict by child name, so the weights land
+    under torch's names (an nnx.List by position left them without a torch value)."""
+    from collections import OrderedDict
+
+    import torch
+    from torch import nn
+
+    from flaxport.translate import translate
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, padding=1)
+            self.head = nn.Sequential(OrderedDict([("pool", nn.AdaptiveAvgPool2d(1)), ("norm", nn.BatchNorm2d(8)),
+                                                   ("flatten", nn.Flatten(1)), ("fc", nn.Linear(8, 4))]))
+
+        def forward(self, x):
+            x = self.head.norm(self.head.pool(self.stem(x)))
+            return self.head.fc(self.head.flatten(x))
+
+    torch.manual_seed(0)
+    module = Net().eval()
+    t = translate(module, torch.randn(2, 3, 8, 8))
+    assert t.report.ok, str(t.report)
+    assert 'self.head = nnx.Dict({"norm": BatchNorm2d(8), "fc": Linear(8, 4, rngs=rngs)})' in t.source
+    assert 'self.head["fc"](' in t.source
+    assert set(t.state_dict()) == set(module.state_dict())
+
+
+def test_a_module_read_only_through_a_method_holds_its_variables():
+    """timm Eva's rotary embedding: the forward calls `self.rope.get_embed(n)`, never the module
+    itself, so no call of it is captured, but its buffer and parameter are read. It becomes a class
+    with only a constructor holding them, under torch's names."""
+    import torch
+    from torch import nn
+
+    from flaxport.translate import translate
+
+    class Rope(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.register_buffer("periods", torch.linspace(1.0, 4.0, dim))
+            self.scale = nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+        def get_embed(self, n):
+            return torch.sin(torch.arange(n, dtype=torch.float32)[:, None] / self.periods) * self.scale
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.rope = Rope(8)
+
+        def forward(self, x):
+            return self.fc(x) + self.rope.get_embed(x.shape[1])
+
+    torch.manual_seed(0)
+    module = Net().eval()
+    t = translate(module, torch.randn(2, 5, 8))
+    assert t.report.ok, str(t.report)
+    rope = t.source[t.source.index("class Rope(nnx.Module):"):t.source.index("class Net(")]
+    assert "self.periods = Buffer(" in rope and "self.scale = nnx.Param(" in rope and "__call__" not in rope
+    assert set(t.state_dict()) == set(module.state_dict())
+
+
 def test_a_custom_op_of_the_users_is_translated_from_its_own_torch_code():
     """A torch.library.custom_op is one opaque call in torch.export's graph: its Python function
     is traced like a decomposition, so the ops it runs translate and the proof holds."""

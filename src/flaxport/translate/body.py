@@ -185,11 +185,17 @@ class BodyRenderer:
         self.positions = self._positions()
         for v, name in zip(inputs, params):
             if not isinstance(v, str):
-                self.live[name] = self._last_use(v)
+                self.live[name] = math.inf if cap.is_sym(v) else self._last_use(v)
+        # sizes the call is given (plan._sizes_passed_in): {sympy text of the size: parameter name}
+        self.size_params = {str(v.meta["val"].node.expr): name for v, name in zip(inputs, params)
+                            if not isinstance(v, str) and cap.is_sym(v)}
         self._assign_names(out_set)
         for v, name in zip(inputs, params):
             if not isinstance(v, str):
                 self.holder[name] = v
+        self.entry = [(v, name) for v, name in zip(inputs, params) if not isinstance(v, (str, cap.Frame))]
+        self.entry_sizes: dict = {}  # size symbol -> the name _read_at_entry read it into
+        self.asked: dict = {}  # size expression (text) -> the parameter the caller passes it in
         for u in self.units:
             self._emit(u)
         for v in outputs:
@@ -636,11 +642,13 @@ class BodyRenderer:
         return self.sym_expr(node.meta["val"])
 
     def sym_expr(self, value) -> Expr:
-        """A SymInt (or sympy expression, or a symbol name) rendered from the shapes in scope."""
+        """A SymInt (or sympy expression, or a size name a call was given) rendered from the shapes
+        in scope. A size this call cannot assemble from them is asked of its caller whole (`H`, not
+        the image size it is computed from), so the caller passes what its own arrays hold."""
         import sympy
 
         if isinstance(value, str):
-            expr = sympy.Symbol(value)
+            expr = self.plan.size_expr(value)
         elif hasattr(value, "node"):
             expr = value.node.expr
         else:
@@ -648,15 +656,32 @@ class BodyRenderer:
         if isinstance(expr, (int, sympy.Integer)):
             return Expr(str(int(expr)))
         first = self._op_arguments()
-        # a compound size (or part of one) that an array in scope holds is read from its shape
-        return _print(expr, lambda sym: self.sym_cache.get(str(sym)) or self._resolve_symbol(sym),
-                      lambda e: self._shape_holding(str(e), first))
+
+        def held(e):  # a compound size (or part of one) an array in scope holds is read from its shape
+            text = str(e)
+            return self.size_params.get(text) or self.asked.get(text) or self._shape_holding(text, first) or \
+                (self._read_at_entry(text) if self.frame.parent is not None else None)
+
+        def here(sym):
+            found = self.sym_cache.get(str(sym)) or self._resolve_symbol(sym, ask_caller=self.frame.parent is None)
+            if found is None:
+                raise _NotHere
+            return found
+
+        try:
+            return _print(expr, here, held)
+        except _NotHere:
+            name = self.plan.need_symbol(self.frame, expr)
+            self.asked[str(expr)] = name
+            return Expr(name)
 
     def _resolve_symbol(self, symbol, ask_caller: bool = True) -> str | None:
         """`v.shape[d]` for a named array in scope whose dim d is this size symbol: the current
         op's own arguments first, then the most recently computed arrays, then the inputs. An
         argument not yet named is given a name (a statement of its own) to be read from."""
         name = str(symbol)
+        if name in self.size_params:
+            return self.size_params[name]
         planned = self.sym_source.get((self.current_unit.index, name)) if self.current_unit is not None else None
         if planned is not None and planned in self.names and self.holder.get(self.names[planned]) is planned:
             return f"{self.names[planned]}.shape[{self._dim_of(planned, name)}]"
@@ -674,7 +699,31 @@ class BodyRenderer:
                 self.exprs.pop(v, None)
                 self._bind(v)
                 return f"{self.names[v]}.shape[{self._dim_of(v, name)}]"
-        return self.plan.need_symbol(self.frame, name) if ask_caller else None
+        if self.frame.parent is not None:
+            read = self._read_at_entry(name)
+            if read is not None:
+                return read
+        return self.plan.need_symbol(self.frame, symbol) if ask_caller else None
+
+    def _read_at_entry(self, name) -> str | None:
+        """A size one of the call's own inputs holds, read from it in a statement at the top of the
+        body (where no input's name has been reused yet): `size = x.shape[2]`. The caller then
+        passes only the arrays, so the class also fits an nnx.Sequential."""
+        if name in self.entry_sizes:
+            return self.entry_sizes[name]
+        for v, param in self.entry:
+            d = self._dim_of(v, name)
+            if d is None:
+                continue
+            var, k = "size", 1
+            while var in self.live or var in RESERVED or var in self.names.values():
+                k += 1
+                var = f"size{k}"
+            self.live[var] = math.inf
+            self.lines.insert(0, f"{var} = {param}.shape[{d}]")
+            self.entry_sizes[name] = var
+            return var
+        return None
 
     def _op_arguments(self) -> list:
         """The current op's array arguments, and the arrays inside the ones written inline."""
@@ -768,6 +817,10 @@ def _safe_name(name: str) -> str:
 
     name = re.sub(r"\W", "_", name).strip("_") or "h"
     return name if not name[0].isdigit() else "h" + name
+
+
+class _NotHere(Exception):
+    """A size symbol no array of this call holds (sym_expr then asks the caller)."""
 
 
 def _print(expr, resolve, held=lambda e: None) -> Expr:

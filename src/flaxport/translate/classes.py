@@ -12,7 +12,7 @@ import math
 import re
 
 from flaxport.translate.body import BodyRenderer, _safe_name
-from flaxport.translate.plan import ClassDef, Instance, Line, ModeValue
+from flaxport.translate.plan import ClassDef, Instance, Line, ModeValue, keyed
 
 _MARK = re.compile("\x00(\\d+)\x00")
 RUNTIME_NAMES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
@@ -177,8 +177,6 @@ def child_constructor(plan, path):
     if kind == "element":
         return [plan.lambdas.get(path, "lambda x: x")]
     if kind in ("sequential", "container"):
-        from torch import nn
-
         module = plan.modules[path]
         items = []
         for name, _ in module.named_children():
@@ -187,7 +185,7 @@ def child_constructor(plan, path):
             if ctor is None:
                 if kind == "sequential":
                     return None
-                if not isinstance(module, nn.ModuleDict):  # a hole keeps the list's later items at torch's index
+                if not keyed(module):  # a hole keeps the list's later items at torch's index
                     items.append((name, ["None"]))
                 continue
             items.append((name, ctor))
@@ -200,7 +198,7 @@ def child_constructor(plan, path):
             for i, (_, ctor) in enumerate(items):
                 parts += ([", "] if i else []) + list(ctor)
             return parts + [")"]
-        if isinstance(module, nn.ModuleDict):
+        if keyed(module):
             parts = ["nnx.Dict({"]
             for i, (name, ctor) in enumerate(items):
                 parts += ([", "] if i else []) + [f"{name!r}: "] + list(ctor)
@@ -283,9 +281,9 @@ def build_classes(plan):
         if kind != "generated" or not plan.used(path) and path:
             continue
         bodies, params, training = _mode_bodies(plan, path)
-        if not bodies:
+        if not bodies and plan.frames_by_path.get(path):
             continue
-        lines, mode_training = merge_modes(bodies)
+        lines, mode_training = merge_modes(bodies) if bodies else ([], False)  # no bodies: it holds variables
         synth = {}
         for mode, frame in plan.frames_by_path.get(path, []):
             body = plan.bodies.get((mode, frame.key))

@@ -95,6 +95,8 @@ def class_source(cdef) -> str:
     if not init:
         init = ["del rngs  # no parameters"]
     out += ["        " + text for text in init]
+    if not inst.call:  # a module whose variables the forward reads, never calling it
+        return "\n".join(out)
     out.append("")
     out.append(f"    def __call__(self, {', '.join(inst.params)}):" if inst.params else "    def __call__(self):")
     out += ["        " + _fill(line, cdef, "call", li) for li, line in enumerate(inst.call)]

@@ -87,6 +87,7 @@ class Plan:
         self._aliases = _aliases(module)  # tied weights: every name of one tensor
         self._io: dict = {}
         self._extra_syms: dict = {}
+        self._size_exprs: dict = {}  # text -> sympy expression of the sizes calls ask for
         self._kinds: dict = {}
         self._specs: dict = {}
         self._synth: dict = {}
@@ -136,7 +137,10 @@ class Plan:
                     self._specs[path] = spec
                     kind = "layer"
                 else:
-                    kind = "generated" if frames else "unused"
+                    # a module the forward never calls whose variables it reads (through a method of
+                    # the module: timm's rotary embedding `self.rope.get_embed()`) holds them: a class
+                    # with only a constructor
+                    kind = "generated" if frames or self.used(path) else "unused"
             self._kinds[path] = kind
         # inline modules inside a called Sequential are elements of it: rendered as functions
         for path, kind in list(self._kinds.items()):
@@ -269,11 +273,16 @@ class Plan:
             self._io[key] = (list(capture.user_inputs), list(dict.fromkeys(outputs)))
             return self.io(frame)
         inside = set(frame.all_nodes())
-        inputs, outputs = [], []
+        inputs, outputs, sizes = [], [], []
+        own = set(self._own_nodes(frame))  # sizes a child's own code reads are its to ask for
         graph_outputs = set(o for o in capture.outputs if hasattr(o, "op"))
         for node in frame.all_nodes():
             for a in node.all_input_nodes:
-                if a in inside or cap.is_sym(a) or a in inputs:
+                if a in inside or a in inputs:
+                    continue
+                if cap.is_sym(a):
+                    if a not in sizes and node in own:
+                        sizes.append(a)
                     continue
                 ph = capture.placeholders.get(a)
                 if ph is not None and ph.kind != "input" and self._owned(frame.path, capture, a):
@@ -285,8 +294,40 @@ class Plan:
         spec = self._specs.get(frame.path)
         if spec is not None and spec.core:
             inputs = self._layer_inputs(frame, spec, inputs)
+        else:
+            inputs += self._in_signature_order(frame, self._sizes_passed_in(frame, inputs, sizes))
         self._io[key] = (inputs, outputs)
         return self.io(frame)
+
+    def _own_nodes(self, frame):
+        """The nodes this call's own body renders: its own, and those of the parameter-free
+        modules it calls (written inline)."""
+        for item in frame.items:
+            if isinstance(item, cap.Frame):
+                if self._kinds.get(item.path) in ("inline", "element"):
+                    yield from self._own_nodes(item)
+            else:
+                yield item
+
+    def _sizes_passed_in(self, frame, arrays, sizes) -> list:
+        """The sizes a call is given (forward(x, H, W) called with sizes its caller computed): read
+        by the forward's own parameters (not sizes torch.export computes once for the whole graph)
+        and not held by its array inputs' dims, nor sums and products of them. They become
+        parameters of their own, so the caller passes what it holds (`x.shape[2]`)."""
+        cls = type(frame.module)
+        params, file = src.forward_parameters(cls), src.class_file(cls)
+        taken = [_reading_parameter(frame, v, params, file, []) for v in arrays]
+        return [size for size in _not_held(arrays, sizes)
+                if _reading_parameter(frame, size, params, file, taken) is not None]
+
+    def _in_signature_order(self, frame, sizes) -> list:
+        """Sizes ordered as the forward's parameters that read them (`pos(B, H, W)`)."""
+        if len(sizes) < 2:
+            return sizes
+        params = src.forward_parameters(type(frame.module))
+        names = self._guess_param_names(frame, sizes)
+        rank = {v: params.index(n) if n in params else len(params) for v, n in zip(sizes, names)}
+        return sorted(sizes, key=lambda v: rank[v])
 
     def _layer_inputs(self, frame, spec, inputs):
         core = next(n for n in frame.all_nodes() if str(n.target) == spec.core)
@@ -326,11 +367,20 @@ class Plan:
                     return name
         return self.placeholder_name(capture, node)
 
-    def need_symbol(self, frame, name) -> str:
+    def need_symbol(self, frame, expr) -> str:
+        """The parameter a call takes size `expr` (a sympy expression) in, added if new."""
         extra = self._extra_syms.setdefault(id(frame), [])
+        name = str(expr)
+        self._size_exprs.setdefault(name, expr)
         if name not in extra:
             extra.append(name)
         return _size_name(extra.index(name))
+
+    def size_expr(self, name: str):
+        """The sympy expression of a size a call asked its caller for (need_symbol), by its text."""
+        import sympy
+
+        return self._size_exprs.get(name) or sympy.Symbol(name)
 
     def param_names(self, frame) -> list:
         capture = self._capture_of(frame)
@@ -350,17 +400,7 @@ class Plan:
         file = src.class_file(cls)
         names = []
         for v in inputs:
-            name = None
-            for node in frame.all_nodes():
-                if v in node.all_input_nodes:
-                    for f, line, _ in reversed(src.frames(node)):
-                        if f == file:
-                            seen = src.names_on_line(f, line)
-                            options = [p for p in params if p in seen and p not in names]
-                            name = options[0] if options else None
-                            break
-                    break
-            names.append(name)
+            names.append(_reading_parameter(frame, v, params, file, names))
         out = []
         for i, name in enumerate(names):
             if name is None:
@@ -436,12 +476,7 @@ class Plan:
             if kind == "sequential":
                 text += f".layers[{_position(parent, part)}]"
             elif kind == "container":
-                from torch import nn
-
-                if isinstance(parent, nn.ModuleDict):
-                    text += f"[{part!r}]"
-                else:
-                    text += f"[{part}]"
+                text += f"[{part!r}]" if keyed(parent) else f"[{part}]"
             else:
                 text += f".{self.attr_name(part)}"
             cur = f"{cur}.{part}" if cur else part
@@ -459,7 +494,7 @@ class Plan:
             if kind == "sequential":
                 out += ["layers", _position(self.modules[cur], part)]
             elif kind == "container":
-                out.append(int(part) if part.isdigit() else part)
+                out.append(part if keyed(self.modules[cur]) else int(part))
             else:
                 out.append(self.attr_name(part))
             cur = f"{cur}.{part}" if cur else part
@@ -564,7 +599,44 @@ def _own_forward(module) -> bool:
     return type(module).forward not in (nn.Module.forward, nn.ModuleList.forward, nn.ModuleDict.forward)
 
 
+def keyed(container) -> bool:
+    """Is this container (not called as a whole) an nnx.Dict by child name: a ModuleDict, or an
+    nn.Sequential whose children have names of their own (OrderedDict: `head.norm`, `head.fc`)?
+    Otherwise it is an nnx.List by torch's index."""
+    from torch import nn
+
+    return isinstance(container, nn.ModuleDict) or any(not name.isdigit() for name in container._modules)
+
+
 def _position(sequential, name: str) -> int:
     """Where child `name` sits in an nn.Sequential (its nnx.Sequential's layers index): names
     from an OrderedDict ('fc', 'act') as well as '0', '1', ..."""
     return list(sequential._modules).index(name)
+
+
+def _not_held(arrays, sizes) -> list:
+    """The sizes no dim of `arrays` holds, nor sums and products of their dims."""
+    held = {str(d.node.expr) for a in arrays for d in (getattr(a.meta.get("val"), "shape", None) or ())
+            if hasattr(d, "node")}
+
+    def derivable(e) -> bool:
+        if e.is_number or str(e) in held:
+            return True
+        return not e.is_Symbol and bool(e.args) and all(derivable(a) for a in e.args)
+
+    return [size for size in sizes if hasattr(size.meta.get("val"), "node")
+            and not derivable(size.meta["val"].node.expr)]
+
+
+def _reading_parameter(frame, v, params, file, taken) -> str | None:
+    """The forward parameter (not in `taken`) named on the source line of `frame`'s class that
+    first reads value v, or None."""
+    for node in frame.all_nodes():
+        if v in node.all_input_nodes:
+            for f, line, _ in reversed(src.frames(node)):
+                if f == file:
+                    seen = src.names_on_line(f, line)
+                    options = [p for p in params if p in seen and p not in taken]
+                    return options[0] if options else None
+            return None
+    return None
