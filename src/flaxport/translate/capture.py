@@ -209,7 +209,10 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
     import torch
 
     kwargs = dict(kwargs or {})
-    m = set_torch_mode(copy.deepcopy(module), train)
+    # the copy shares the weights (export reads them, never writes them): a copy per mode would
+    # hold the model's size again each time; a copy to cast owns its own
+    shared = {} if dtype is not None else {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    m = set_torch_mode(copy.deepcopy(module, shared), train)
     if train:
         for sub in m.modules():
             # BatchNorm(momentum=None) reads float(num_batches_tracked) in train mode, which export

@@ -146,8 +146,10 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     with _torch_precision(), torch.no_grad(), torch_noise(capture) as (draws, masks):
         torch_out = torch_module(*args, **kwargs)
     torch_leaves = output_leaves(torch_out)
+    del torch_module  # a float64 copy of the weights: the JAX side needs the room
+    compared = {node.name for frame in capture.root.walk() for node in plan.io(frame)[1]}
     try:
-        env = _interpret(capture, args, kwargs, draws, masks)
+        env = _interpret(capture, args, kwargs, draws, masks, keep=compared)
     except rnd.DrawMismatch as e:
         return [_draws_differ(e)]
 
@@ -440,9 +442,10 @@ def _replay(draws):
     return rnd.jax_replay(draws.standard) if draws is not None else contextlib.nullcontext()
 
 
-def _interpret(capture, args, kwargs, draws=None, masks=None) -> dict:
+def _interpret(capture, args, kwargs, draws=None, masks=None, keep=None) -> dict:
     """{node name: NumPy value} of the captured graph run by torch on the inputs (random ops
-    return torch's `draws` of the module's own run, dropout its `masks`: a DropoutLog)."""
+    return torch's `draws` of the module's own run, dropout its `masks`: a DropoutLog), for the
+    computed nodes named in `keep` (None: every one)."""
     import torch
     import torch.fx
     from torch.utils import _pytree
@@ -488,7 +491,7 @@ def _interpret(capture, args, kwargs, draws=None, masks=None) -> dict:
 
         def run_node(self, n):
             result = super().run_node(n)
-            if torch.is_tensor(result):
+            if n.op == "call_function" and torch.is_tensor(result) and (keep is None or n.name in keep):
                 env[n.name] = _numpy(result).copy()
             return result
 
