@@ -2,7 +2,7 @@
 
 Every model `torchvision.models.list_models` lists in those four groups, built with
 `weights=None` (and `weights_backbone=None`: nothing is downloaded), fed a batch of 2 at the
-smallest size, of a short list per group, that it runs on in eval mode: images of 32 to 224
+smallest size, of a short list per group, that it runs on in eval and in train mode: images of 32 to 299
 pixels (a model with a fixed image size, such as ViT or MaxViT, is built for that size), clips
 of 4 to 16 frames, and for optical flow two images of 64 to 256 pixels with 2 flow updates
 instead of 12 (each update is the same code again).
@@ -16,7 +16,7 @@ from flaxport.errors import first_line
 
 BATCH = 2
 GROUPS = ("classification", "segmentation", "video", "optical_flow")
-SIDES = (32, 64, 96, 112, 128, 160, 224)  # 112: ViT-H/14's patches
+SIDES = (32, 64, 96, 112, 128, 160, 224, 299)  # 112: ViT-H/14's patches; 299: Inception v3 in train mode
 FRAMES = (4, 8, 16)
 FLOW_SIDES = (64, 128, 256)
 FLOW_UPDATES = 2
@@ -28,7 +28,8 @@ def names(filter: str | None = None) -> list[str]:
 
 
 def build(name: str) -> list[tuple]:
-    """[(model in eval mode, args, kwargs)]: model `name` (weights=None) at its smallest input."""
+    """[(model in eval mode, args, kwargs)]: model `name` (weights=None) at its smallest input
+    (one its forward runs on in eval and in train mode)."""
     import torch
 
     group = next(g for g in GROUPS if name in _listed(g))
@@ -38,9 +39,11 @@ def build(name: str) -> list[tuple]:
         try:
             if model is None or sized:  # a model built for one image size is built again for the next
                 model, sized = _create(name, size if group == "classification" else None)
-                model.eval()
-            with torch.no_grad():
-                model(*args, **kwargs)
+            model.eval()
+            with torch.no_grad():  # both modes: the benchmark runs the train-mode forward too (Inception's
+                model(*args, **kwargs)  # auxiliary head, on only in train mode, needs 75 pixels more)
+                model.train()(*args, **kwargs)
+            model.eval()
         except Exception as e:  # noqa: BLE001 - a larger input may fit
             failures.append(f"{size}: {type(e).__name__}: {first_line(e, 160)}")
             continue
