@@ -3,68 +3,23 @@
 Read from the source (every `import` / `from ... import`, also those inside functions), at the
 level of flaxport's packages and top modules (flaxport.cli, flaxport.port, flaxport.machine, ...).
 """
-import ast
-from pathlib import Path
-
-import flaxport
-
-ROOT = Path(flaxport.__file__).parent
-
-def _part(module: str) -> str:
-    return ".".join(module.split(".")[:2])
-
-
-def imports_between_parts() -> dict:
-    """{part: {the parts it imports}} over every module of the package."""
-    edges: dict = {}
-    for path in ROOT.rglob("*.py"):
-        module = ".".join(("flaxport", *path.relative_to(ROOT).with_suffix("").parts))
-        here = _part(module)
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module] if node.module != "flaxport" else [f"flaxport.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            for name in names:
-                if name.startswith("flaxport.") and _part(name) != here:
-                    edges.setdefault(here, set()).add(_part(name))
-    return edges
-
-
-def circles(edges: dict) -> list:
-    """The strongly connected groups of more than one part (Tarjan's algorithm)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in edges.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = set()
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.add(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                found.append(frozenset(group))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return found
+from flaxport.bench.layers import circles, imports_between_parts, levels
 
 
 def test_the_finder_sees_a_circle_of_three():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset({"a", "b", "c"})]
+
+
+def test_a_part_sits_one_above_the_highest_it_imports():
+    assert levels({"cli": {"port", "errors"}, "port": {"errors"}, "errors": set()}) == {
+        "cli": 2, "port": 1, "errors": 0}
+
+
+def test_the_picture_is_drawn_from_the_source(tmp_path):
+    from flaxport.bench.layers import draw
+
+    path = draw(tmp_path / "layers.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_no_circle_of_imports_between_the_packages_parts():
