@@ -658,6 +658,41 @@ def test_a_module_read_only_through_a_method_holds_its_variables():
     assert set(t.state_dict()) == set(module.state_dict())
 
 
+def test_blocks_whose_sizes_agree_are_one_class():
+    """Two instances of one block class, the first seeing its sizes as symbols export fixed, the
+    second as plain integers: the same literals either way, so one generated class for both."""
+    import torch
+    from torch import nn
+
+    from flaxport.translate import translate
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.norm = nn.LayerNorm(c)
+            self.fc = nn.Linear(c, c)
+
+        def forward(self, x):
+            B, C, H, W = x.shape
+            h = self.fc(self.norm(x.permute(0, 2, 3, 1)))
+            return x + h.permute(0, 3, 1, 2).reshape(B, C, H, W)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, padding=1)
+            self.blocks = nn.Sequential(Block(8), Block(8))
+
+        def forward(self, x):
+            return self.blocks(self.stem(x))
+
+    torch.manual_seed(0)
+    t = translate(Net().eval(), torch.randn(2, 3, 8, 8))
+    assert t.report.ok, str(t.report)
+    assert t.source.count("class Block") == 1, t.source
+    assert "self.blocks = nnx.Sequential(Block(rngs=rngs), Block(rngs=rngs))" in t.source
+
+
 def test_a_custom_op_of_the_users_is_translated_from_its_own_torch_code():
     """A torch.library.custom_op is one opaque call in torch.export's graph: its Python function
     is traced like a decomposition, so the ops it runs translate and the proof holds."""

@@ -654,7 +654,7 @@ class BodyRenderer:
         else:
             expr = value
         if isinstance(expr, (int, sympy.Integer)):
-            return Expr(str(int(expr)))
+            return self.slot(int(expr), "size")  # a literal like any other: instances that agree share a class
         first = self._op_arguments()
 
         def held(e):  # a compound size (or part of one) an array in scope holds is read from its shape
