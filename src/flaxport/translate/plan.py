@@ -295,7 +295,7 @@ class Plan:
         if spec is not None and spec.core:
             inputs = self._layer_inputs(frame, spec, inputs)
         else:
-            inputs += self._in_signature_order(frame, self._sizes_passed_in(frame, inputs, sizes))
+            inputs += self._sizes_passed_in(frame, inputs, sizes)
         self._io[key] = (inputs, outputs)
         return self.io(frame)
 
@@ -313,21 +313,17 @@ class Plan:
         """The sizes a call is given (forward(x, H, W) called with sizes its caller computed): read
         by the forward's own parameters (not sizes torch.export computes once for the whole graph)
         and not held by its array inputs' dims, nor sums and products of them. They become
-        parameters of their own, so the caller passes what it holds (`x.shape[2]`)."""
+        parameters of their own, in the forward's order (`pos(B, H, W)`), so the caller passes
+        what it holds (`x.shape[2]`)."""
         cls = type(frame.module)
         params, file = src.forward_parameters(cls), src.class_file(cls)
         taken = [_reading_parameter(frame, v, params, file, []) for v in arrays]
-        return [size for size in _not_held(arrays, sizes)
-                if _reading_parameter(frame, size, params, file, taken) is not None]
-
-    def _in_signature_order(self, frame, sizes) -> list:
-        """Sizes ordered as the forward's parameters that read them (`pos(B, H, W)`)."""
-        if len(sizes) < 2:
-            return sizes
-        params = src.forward_parameters(type(frame.module))
-        names = self._guess_param_names(frame, sizes)
-        rank = {v: params.index(n) if n in params else len(params) for v, n in zip(sizes, names)}
-        return sorted(sizes, key=lambda v: rank[v])
+        passed = {}
+        for size in _not_held(arrays, sizes):
+            param = _reading_parameter(frame, size, params, file, taken + list(passed.values()))
+            if param is not None:
+                passed[size] = param
+        return sorted(passed, key=lambda size: params.index(passed[size]))
 
     def _layer_inputs(self, frame, spec, inputs):
         core = next(n for n in frame.all_nodes() if str(n.target) == spec.core)

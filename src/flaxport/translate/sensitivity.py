@@ -32,7 +32,7 @@ def nudged(value, seed: int = 0):
     rng = np.random.default_rng(seed)
 
     def nudge(leaf):
-        if torch.is_tensor(leaf) and leaf.is_floating_point() and not leaf.is_complex():
+        if torch.is_tensor(leaf) and leaf.is_floating_point():
             u = torch.from_numpy(rng.uniform(-1.0, 1.0, tuple(leaf.shape))).to(leaf.dtype)
             return leaf * (1 + NUDGE * u)
         return leaf
@@ -51,9 +51,9 @@ def torch_spread(module, state: dict, args, kwargs, rng_state, run, outputs: dic
 
     moved = dict.fromkeys([*outputs, *buffers], 0.0)
     saved = torch.get_rng_state()
+    twin = copy.deepcopy(module)  # one copy, its state reset before each run
     try:
         for seed in range(RUNS):
-            twin = copy.deepcopy(module)
             twin.load_state_dict(state)
             torch.set_rng_state(rng_state)
             nudged_args, nudged_kwargs = nudged((list(args), dict(kwargs)), seed)
