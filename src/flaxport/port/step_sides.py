@@ -147,7 +147,8 @@ class NNXSide:
         self.snapshot = _copy_state(translation.model)
         self.param_names = [n for n, _ in tm.named_parameters()]
         sd = tm.state_dict()
-        self.stat_keys = {k for k in sd if k not in set(self.param_names)}
+        every_param_name = {n for n, _ in tm.named_parameters(remove_duplicate=False)}  # a tied weight's other names
+        self.stat_keys = {k for k in sd if k not in every_param_name}
         if float64:  # first, so that load_state_dict keeps torch's float64 weights whole
             nnx.update(translation.model, jax.tree.map(_float64, nnx.state(translation.model)))
         # Clones: JAX may alias a NumPy view of a torch tensor on CPU, and torch's steps write in place.

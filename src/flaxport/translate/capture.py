@@ -28,6 +28,7 @@ import warnings
 from flaxport.port.weights import set_torch_mode
 from flaxport.translate.decompose import decompose
 from flaxport.translate.errors import ExportError, TranslateError
+from flaxport.translate.regions import splice_regions
 
 INT64_MAX = 9223372036854775807
 
@@ -226,6 +227,7 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool
     with torch.no_grad():
         program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic)
     graph = program.graph
+    splice_regions(graph)
     placeholders, user_inputs = _placeholders(program)
     names, access = input_paths(m, args, kwargs, len(user_inputs))
     buffer_updates = functionalize(graph, placeholders)
@@ -585,7 +587,7 @@ def build_frames(graph, module) -> Frame:
     root = Frame("", "", module, None)
     frames = {"": root}
     calls: dict = {}
-    modules = dict(module.named_modules())
+    modules = dict(module.named_modules(remove_duplicate=False))  # a shared module: called at each of its paths
     for node in graph.nodes:
         if node.op != "call_function":
             continue

@@ -251,6 +251,11 @@ def init_lines(plan, path, synth: dict) -> list:
                                     + [_dtype_suffix(value) + "))"]))
     for attr, ctor in synth.items():
         lines.append(Line(f"self.{attr} = {ctor.text if hasattr(ctor, 'text') else ctor}", ()))
+    if not path:
+        ties = plan.ties()
+        if ties:
+            lines.append(Line("# torch shares these: one object here too, so training updates them as one", ()))
+        lines += [Line(f"{alias} = {home}", ()) for alias, home in ties]
     return lines
 
 

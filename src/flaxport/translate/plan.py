@@ -79,11 +79,14 @@ class Plan:
         self.layout_mode = layout
         self.captures = captures  # mode -> Capture, the module's own mode first
         self.f64 = f64
-        self.modules = dict(module.named_modules())
+        self.modules = dict(module.named_modules(remove_duplicate=False))
+        self.shared = _shared_modules(self.modules)
         self.frames_by_path: dict = {}
         for mode, c in captures.items():
             for frame in c.root.walk():
-                self.frames_by_path.setdefault(frame.path, []).append((mode, frame))
+                # a module torch shares is one class at each of its paths: each renders its calls
+                for path in self.shared.get(frame.path, [frame.path]):
+                    self.frames_by_path.setdefault(path, []).append((mode, frame))
         self._aliases = _aliases(module)  # tied weights: every name of one tensor
         self._io: dict = {}
         self._extra_syms: dict = {}
@@ -157,6 +160,38 @@ class Plan:
         """Does the forward use this module (or something inside it, or its parameters)?"""
         prefix = path + "." if path else ""
         return any(p == path or p.startswith(prefix) for p in list(self.frames_by_path) + list(self._read))
+
+    def constructed(self, path) -> bool:
+        """Does the translated model hold the module at path as an attribute?"""
+        kind = self._kinds.get(path)
+        return kind == "layer" or kind not in ("inline", "element", "unused") and self.used(path)
+
+    def ties(self) -> list:
+        """[(alias, home)] attribute expressions from the top module: torch shares one module or one
+        tensor between these paths (CoaT's crpe1, an LM head tied to its embedding), so the
+        translation holds one object there too and training updates them as one. The top-most
+        share only: a shared module carries everything inside it."""
+        out, tied = [], set()
+
+        def under_tied(path):
+            return any(path == t or path.startswith(t + ".") for t in tied)
+
+        groups = {tuple(g) for g in self.shared.values() if _holds_variables(self.modules[g[0]])}
+        for paths in sorted(groups, key=lambda g: (g[0].count("."), g)):
+            built = [p for p in paths if self.constructed(p)]
+            for path in built[1:]:
+                if not under_tied(path):
+                    out.append((self.attr_expr("", path), self.attr_expr("", built[0])))
+                    tied.add(path)
+        for names in sorted({tuple(g) for g in self._aliases.values()}):
+            owners = [n.rpartition(".") for n in names]
+            built = [(o, a) for o, _, a in owners if self.constructed(o) and not self.shared.get(o)]
+            for owner, attr in built[1:]:
+                if not under_tied(owner):
+                    home = built[0]
+                    out.append((self.attr_of_placeholder("", f"{owner}.{attr}"),
+                                self.attr_of_placeholder("", f"{home[0]}.{home[1]}")))
+        return out
 
     # ------------------------------------------------------------------ layouts (--layout nhwc)
     def _assign_layouts(self):
@@ -573,6 +608,19 @@ class Plan:
             return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
         return go(capture.out_spec)
+
+
+def _shared_modules(modules: dict) -> dict:
+    """{path: [every path of the same module]} for the modules torch reaches by more than one path
+    (timm CoaT's crpe1, handed to each block as `shared_crpe`; its ParallelBlock's mlp2 = mlp3 = mlp4)."""
+    groups: dict = {}
+    for path, m in modules.items():
+        groups.setdefault(id(m), []).append(path)
+    return {path: paths for paths in groups.values() if len(paths) > 1 for path in paths}
+
+
+def _holds_variables(module) -> bool:
+    return any(True for _ in module.parameters()) or any(b is not None for b in module.buffers())
 
 
 def _aliases(module) -> dict:

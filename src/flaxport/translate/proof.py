@@ -167,16 +167,17 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
         jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
 
     rows = []
-    calls: dict = {}
+    calls: dict = {}  # a module torch shares is one object: its calls at all its paths, in order
     for path, values in records:
         calls.setdefault(path, []).append(values)
+    nth = _shared_call_order(plan, capture, calls, env)
     for frame in _postorder(capture.root):
         if frame.parent is None or plan.kind(frame.path) not in ("layer", "generated", "sequential"):
             continue
-        jax_calls = calls.get(frame.path, [])
-        if frame.call_index >= len(jax_calls):
+        jax_calls = calls.get(_one_path(plan, frame.path), [])
+        if nth[id(frame)] >= len(jax_calls):
             continue
-        values = _frame_values(plan, frame, jax_calls[frame.call_index])
+        values = _frame_values(plan, frame, jax_calls[nth[id(frame)]])
         outputs = plan.io(frame)[1]
         flax_name = "/".join(str(p) for p in plan.nnx_path(frame.path))
         for i, node in enumerate(outputs):
@@ -384,8 +385,43 @@ def _objects(model, plan) -> dict:
                 obj = obj[part] if isinstance(part, int) or isinstance(obj, (nnx.List, nnx.Dict)) else getattr(obj, part)
         except (AttributeError, IndexError, KeyError, TypeError):
             continue
-        out[obj] = path
+        out[obj] = _one_path(plan, path)
     return out
+
+
+def _shared_call_order(plan, capture, calls, env) -> dict:
+    """{id(frame): which of its module's recorded JAX calls is this torch call}. In call order,
+    except for a module torch shares: the translation may call it from its paths in another
+    order (`self.mix_b(x[:, :2])` computed before `self.mix_a(x)`), so each torch call takes the
+    unclaimed JAX call closest to its own outputs."""
+    nth, index, claimed = {}, {}, {}
+    for frame in capture.root.walk():
+        key = _one_path(plan, frame.path)
+        nth[id(frame)] = index.get(key, 0)
+        index[key] = nth[id(frame)] + 1
+        if frame.path not in plan.shared or frame.parent is None:
+            continue
+        want = [env.get(node.name) for node in plan.io(frame)[1]]
+        taken = claimed.setdefault(key, set())
+
+        def distance(j):
+            got = _frame_values(plan, frame, calls.get(key, [])[j])
+            if len(got) != len(want) or any(w is not None and (g is None or np.shape(g) != np.shape(w))
+                                            for g, w in zip(got, want)):
+                return math.inf
+            return max([float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64)), initial=0))
+                        for g, w in zip(got, want) if w is not None] or [0.0])
+
+        free = [j for j in range(len(calls.get(key, []))) if j not in taken]
+        if free:
+            nth[id(frame)] = min(free, key=lambda j: (distance(j), j))
+            taken.add(nth[id(frame)])
+    return nth
+
+
+def _one_path(plan, path: str) -> str:
+    """The first of the paths of a module torch shares (plan.shared), else path itself."""
+    return plan.shared.get(path, [path])[0]
 
 
 def _jax_arguments(t, dtype) -> list:

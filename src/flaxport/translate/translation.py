@@ -206,8 +206,24 @@ class Translation:
             owner, _, attr = name.rpartition(".")
             if plan.used(owner) or plan._kinds.get(owner) == "layer":
                 self.names[name] = plan.nnx_path(owner) + (plan.attr_name(attr),)
+        self._one_path_per_shared_tensor()
         self.model = self.new_model()
         self.unused = [k for k in self._state_keys if k not in self.names]
+
+    def _one_path_per_shared_tensor(self):
+        """A tensor torch shares (plan.ties) is one variable in the model, under one of its
+        names' paths: every name of it is read and written there."""
+        from flax import nnx
+
+        if not self.plan.ties():
+            return
+        model = abstract_model(self.namespace[self.root_class])
+        held = {tuple(p) for p, _ in nnx.to_flat_state(nnx.state(model))}
+        for name, path in list(self.names.items()):
+            if path not in held:
+                home = next((self.names[n] for n in self.plan._aliases.get(name, []) if self.names.get(n) in held), None)
+                if home is not None:
+                    self.names[name] = home
 
     # ------------------------------------------------------------------ models
     def new_model(self, dtype=None, seed: int = 0):
