@@ -871,13 +871,15 @@ def _print(expr, resolve, held=lambda e: None) -> Expr:
             return Expr(f"{name.lower()}({', '.join(go(a).text for a in e.args)})")
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
             return Expr(f"{go(e.base).at(oplib.POWER + 1)} ** {int(e.exp)}", oplib.POWER)
-        if name == "FloatTrueDiv":
+        if name in ("FloatTrueDiv", "IntTrueDiv"):  # true division of sizes (float results)
             a, b = e.args
             return Expr(f"{go(a).at(oplib.MUL)} / {go(b).at(oplib.MUL + 1)}", oplib.MUL)
         if name == "ToFloat":
             return Expr(f"float({go(e.args[0]).text})")
-        if name in ("TruncToInt", "FloorToInt", "floor", "IntTrueDiv"):
-            return Expr(f"int({go(e.args[0]).text})")
+        rounding = {"TruncToInt": "int", "FloorToInt": "math.floor", "floor": "math.floor", "CeilToInt": "math.ceil",
+                    "ceiling": "math.ceil", "RoundToInt": "round"}
+        if name in rounding:
+            return Expr(f"{rounding[name]}({go(e.args[0]).text})")
         raise Unsupported(f"a size expression {e}")
 
     return go(expr)

@@ -107,7 +107,7 @@ class Capture:
     outputs: list  # flat outputs: fx node, or a python constant
     out_spec: object  # torch.utils._pytree.TreeSpec of the forward's output
     buffer_updates: dict  # buffer target -> fx node holding its new value
-    dynamic: bool  # exported with symbolic sizes
+    dynamic: object  # the axes exported with symbolic sizes: "all", "batch" (axis 0) or False
     module: object  # the module copy that was exported
 
     def node_frames(self) -> dict:
@@ -139,27 +139,38 @@ def _quiet():
         logger.setLevel(level)
 
 
-def export_program(module, args, kwargs, *, dynamic: bool = True):
-    """(ExportedProgram, dynamic?) of module(*args, **kwargs); symbolic sizes where export allows."""
+# CPU seconds torch.export may spend on symbolic sizes for every axis: window attention (DaViT,
+# Swin-V2, MaxViT, Hiera) makes its sympy reasoning grow without bound where the batch axis alone
+# is quick, so past this the export keeps only the batch axis free
+DYNAMIC_EXPORT_SECONDS = 60.0
+
+
+def export_program(module, args, kwargs, *, dynamic="all"):
+    """(ExportedProgram, which axes are free) of module(*args, **kwargs): "all" asks symbolic sizes
+    for every axis, "batch" for axis 0 only (also where "all" fails or runs past
+    DYNAMIC_EXPORT_SECONDS of CPU time), False (or where those fail) for none."""
     with _quiet():
         return _export_program(module, args, kwargs, dynamic=dynamic)
 
 
-def _export_program(module, args, kwargs, *, dynamic: bool = True):
+def _export_program(module, args, kwargs, *, dynamic="all"):
     import torch
     from torch.export import Dim, export
 
-    if dynamic:
-        shapes = _dynamic_shapes(module, args, kwargs, Dim.AUTO)
-        if shapes is not None:
-            # copies: export marks the tensors it is given as dynamic, and a static export of marked
-            # tensors after a failed dynamic one would fail the same way
-            fresh_args, fresh_kwargs = torch.utils._pytree.tree_map_only(
-                torch.Tensor, torch.Tensor.clone, (tuple(args), dict(kwargs)))
-            try:
-                return export(module, fresh_args, fresh_kwargs, dynamic_shapes=shapes, strict=False), True
-            except Exception:  # noqa: BLE001 - some models only export with static shapes: try that next
-                torch._dynamo.reset()
+    tries = {"all": ["all", "batch"], "batch": ["batch"]}.get(dynamic if dynamic is not True else "all", [])
+    for axes in tries:
+        shapes = _dynamic_shapes(module, args, kwargs, Dim.AUTO, axes)
+        if shapes is None:
+            break
+        # copies: export marks the tensors it is given as dynamic, and a static export of marked
+        # tensors after a failed dynamic one would fail the same way
+        fresh_args, fresh_kwargs = torch.utils._pytree.tree_map_only(
+            torch.Tensor, torch.Tensor.clone, (tuple(args), dict(kwargs)))
+        try:
+            with _cpu_time_limit(DYNAMIC_EXPORT_SECONDS if axes == "all" else None):
+                return export(module, fresh_args, fresh_kwargs, dynamic_shapes=shapes, strict=False), axes
+        except Exception:  # noqa: BLE001 - some models only export with fewer symbolic sizes: try that next
+            torch._dynamo.reset()
     try:
         return export(module, tuple(args), dict(kwargs), strict=False), False
     except Exception as e:  # noqa: BLE001
@@ -168,7 +179,34 @@ def _export_program(module, args, kwargs, *, dynamic: bool = True):
         torch._dynamo.reset()
 
 
-def _dynamic_shapes(module, args, kwargs, auto):
+class _OverTime(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _cpu_time_limit(seconds):
+    """Raise _OverTime inside the block once it has used `seconds` of CPU time (None, or off the
+    main thread, where signals cannot reach: no limit)."""
+    import signal
+    import threading
+
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def over(signum, frame):
+        raise _OverTime(f"over {seconds:.0f} CPU seconds")
+
+    previous = signal.signal(signal.SIGVTALRM, over)
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.signal(signal.SIGVTALRM, previous)
+
+
+def _dynamic_shapes(module, args, kwargs, auto, axes="all"):
     try:
         bound = inspect.signature(module.forward).bind(*args, **kwargs)
     except TypeError:
@@ -178,7 +216,10 @@ def _dynamic_shapes(module, args, kwargs, auto):
         kind = inspect.signature(module.forward).parameters[name].kind
         if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             return None
-        shapes[name] = {i: auto for i in range(value.ndim)} if hasattr(value, "ndim") else None
+        if hasattr(value, "ndim"):
+            shapes[name] = {i: auto for i in range(value.ndim if axes == "all" else min(value.ndim, 1))}
+        else:
+            shapes[name] = None
     return shapes
 
 
@@ -204,7 +245,7 @@ def _user_frame(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- capture
-def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic: bool = True) -> Capture:
+def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all") -> Capture:
     """Export a deep copy of `module` in train or eval mode (cast to `dtype` with its float
     inputs when given) and return the functional, framed Capture. The module is untouched."""
     import torch

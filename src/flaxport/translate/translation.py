@@ -63,9 +63,12 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "native",
 
     primary = "train" if module.training else "eval"
     captures, notes = {}, []
+    axes = "all"
     for mode in (primary, "eval" if primary == "train" else "train"):
         try:
-            captures[mode] = capture(module, args, kwargs, train=mode == "train")
+            # the other mode asks no more symbolic sizes than the first got (capture.export_program)
+            captures[mode] = capture(module, args, kwargs, train=mode == "train", dynamic=axes)
+            axes = captures[mode].dynamic or False
         except TranslateError as e:
             if mode == primary:
                 raise

@@ -1,0 +1,83 @@
+"""torch.export's symbolic sizes: every axis free where export reasons about them quickly; only
+the batch axis where that reasoning runs past its CPU-time budget (window attention), and the
+translation still proves."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+from torch import nn  # noqa: E402
+
+
+class Windows(nn.Module):
+    """Attention inside 2x2 windows of a (N, C, H, W) map, as Swin partitions it."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(4, 12)
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        windows = x.permute(0, 2, 3, 1).reshape(n, h // 2, 2, w // 2, 2, c).transpose(2, 3).reshape(-1, 4, c)
+        q, k, v = self.qkv(windows).chunk(3, -1)
+        y = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+        return y.reshape(n, h // 2, w // 2, 2, 2, c).transpose(2, 3).reshape(n, h, w, c).permute(0, 3, 1, 2)
+
+
+def test_every_axis_is_free_when_export_is_quick():
+    from flaxport.translate import translate
+
+    t = translate(Windows().eval(), torch.randn(2, 4, 8, 8), check=False)
+    assert t.plan.captures["eval"].dynamic == "all"
+    assert t.plan.captures["train"].dynamic == "all"
+
+
+def test_export_past_its_budget_keeps_the_batch_axis_free(monkeypatch):
+    import numpy as np
+
+    from flaxport.translate import capture, translate
+
+    monkeypatch.setattr(capture, "DYNAMIC_EXPORT_SECONDS", 1e-3)
+    module = Windows().eval()
+    t = translate(module, torch.randn(2, 4, 8, 8))
+    assert t.report.ok, str(t.report)
+    assert {c.dynamic for c in t.plan.captures.values()} == {"batch"}
+    assert "any size along axis 0" in t.source
+    x = torch.randn(5, 4, 8, 8)  # another batch size than the example's
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-5, atol=1e-5)
+
+
+class SamePadding(nn.Module):
+    """TF-style 'same' padding from the input's size (timm's PNASNet, EfficientNet-TF): the sizes
+    are ceil and floor of true divisions."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2)
+
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        pad_h = max((math.ceil(h / 2) - 1) * 2 + 3 - h, 0)
+        pad_w = max((math.ceil(w / 2) - 1) * 2 + 3 - w, 0)
+        x = nn.functional.pad(x, [pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2])
+        return self.conv(x)[..., : math.floor(h / 3) + 1]
+
+
+@pytest.mark.parametrize("size", [(9, 9), (8, 11)])
+def test_ceil_and_floor_of_true_divisions_are_written_out(size):
+    import numpy as np
+
+    from flaxport.translate import translate
+
+    module = SamePadding().eval()
+    t = translate(module, torch.randn(2, 3, 9, 10))
+    assert t.report.ok, str(t.report)
+    assert "math.ceil(" in t.source
+    x = torch.randn(1, 3, *size)
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-5, atol=1e-5)
