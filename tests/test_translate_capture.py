@@ -81,3 +81,37 @@ def test_ceil_and_floor_of_true_divisions_are_written_out(size):
     with torch.no_grad():
         want = module(x).numpy()
     np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-5, atol=1e-5)
+
+
+class SizedAttention(nn.Module):
+    """timm Twins' attention: its forward takes the image's sizes as one argument named `size`."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, size):
+        H, W = size
+        B, N, C = x.shape
+        y = x.transpose(1, 2).reshape(B, C, H, W)[..., ::2, ::2]
+        return self.proj(y.flatten(2).transpose(1, 2))
+
+
+class SizedNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 2, stride=2)
+        self.attn = SizedAttention()
+
+    def forward(self, x):
+        x = self.stem(x)
+        size = x.shape[-2:]
+        return self.attn(x.flatten(2).transpose(1, 2), size).mean(1)
+
+
+def test_sizes_asked_of_the_caller_take_names_the_forward_leaves_free():
+    from flaxport.translate import translate
+
+    t = translate(SizedNet().eval(), torch.randn(2, 3, 8, 12))
+    assert t.report.ok, str(t.report)
+    assert "def __call__(self, x, size1, size2):" in t.source  # "size" is the forward's own

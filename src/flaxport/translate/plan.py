@@ -20,6 +20,7 @@ attribute when one holds those values (`self.stride`), else after the argument t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from flaxport.translate import capture as cap
 from flaxport.translate import layers as layer_table
@@ -405,7 +406,7 @@ class Plan:
         self._size_exprs.setdefault(name, expr)
         if name not in extra:
             extra.append(name)
-        return _size_name(extra.index(name))
+        return _size_name(extra.index(name), src.forward_parameters(type(frame.module)))
 
     def size_expr(self, name: str):
         """The sympy expression of a size a call asked its caller for (need_symbol), by its text."""
@@ -421,7 +422,8 @@ class Plan:
         else:
             names = self._guess_param_names(frame, [v for v in inputs if not isinstance(v, str)])
         extra = self._extra_syms.get(id(frame), [])
-        names += [_size_name(i) for i in range(len(extra))]
+        taken = src.forward_parameters(type(frame.module))
+        names += [_size_name(i, taken) for i in range(len(extra))]
         return names
 
     def _guess_param_names(self, frame, inputs) -> list:
@@ -631,9 +633,11 @@ def _aliases(module) -> dict:
     return {name: names for names in groups.values() if len(names) > 1 for name in names}
 
 
-def _size_name(i: int) -> str:
-    """The parameter carrying a frame's i-th size its caller reads (fixed as soon as it is written: size, size1, ...)."""
-    return f"size{i}" if i else "size"
+def _size_name(i: int, taken=()) -> str:
+    """The parameter carrying a frame's i-th size its caller reads (fixed as soon as it is written:
+    size, size1, ..., skipping the names the forward's own parameters have: timm Twins' `size`)."""
+    names = (f"size{k}" if k else "size" for k in itertools.count())
+    return next(itertools.islice((n for n in names if n not in taken), i, None))
 
 
 def _own_forward(module) -> bool:
