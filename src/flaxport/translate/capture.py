@@ -157,7 +157,7 @@ def _export_program(module, args, kwargs, *, dynamic="all"):
     import torch
     from torch.export import Dim, export
 
-    tries = {"all": ["all", "batch"], "batch": ["batch"]}.get(dynamic if dynamic is not True else "all", [])
+    tries = {"all": ["all", "batch"], "batch": ["batch"]}.get(dynamic, [])
     for axes in tries:
         shapes = _dynamic_shapes(module, args, kwargs, Dim.AUTO, axes)
         if shapes is None:

@@ -230,7 +230,7 @@ def init_lines(plan, path, synth: dict) -> list:
     lines = []
     for name, _ in module.named_children():
         child = f"{path}.{name}" if path else name
-        if plan._kinds.get(child) in ("inline", "unused") or not (plan.used(child) or plan._kinds.get(child) == "layer"):
+        if not plan.constructed(child):
             continue
         ctor = child_constructor(plan, child)
         if ctor is not None:

@@ -403,20 +403,22 @@ def _shared_call_order(plan, capture, calls, env) -> dict:
             continue
         want = [env.get(node.name) for node in plan.io(frame)[1]]
         taken = claimed.setdefault(key, set())
-
-        def distance(j):
-            got = _frame_values(plan, frame, calls.get(key, [])[j])
-            if len(got) != len(want) or any(w is not None and (g is None or np.shape(g) != np.shape(w))
-                                            for g, w in zip(got, want)):
-                return math.inf
-            return max([float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64)), initial=0))
-                        for g, w in zip(got, want) if w is not None] or [0.0])
-
         free = [j for j in range(len(calls.get(key, []))) if j not in taken]
         if free:
-            nth[id(frame)] = min(free, key=lambda j: (distance(j), j))
+            got = {j: _frame_values(plan, frame, calls[key][j]) for j in free}
+            nth[id(frame)] = min(free, key=lambda j: (_largest_difference(got[j], want), j))
             taken.add(nth[id(frame)])
     return nth
+
+
+def _largest_difference(got: list, want: list) -> float:
+    """Largest absolute difference between two lists of outputs (None in `want`: not compared);
+    inf where their number or shapes differ."""
+    if len(got) != len(want) or any(w is not None and (g is None or np.shape(g) != np.shape(w))
+                                    for g, w in zip(got, want)):
+        return math.inf
+    return max([float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64)), initial=0))
+                for g, w in zip(got, want) if w is not None] or [0.0])
 
 
 def _one_path(plan, path: str) -> str:

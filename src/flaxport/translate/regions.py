@@ -13,15 +13,16 @@ import operator
 from flaxport.translate.errors import TranslateError
 
 
-def splice_regions(graph) -> int:
+def splice_regions(graph) -> None:
     """Replace each autocast-off wrapper in `graph` (an ExportedProgram's) by its sub-graph's
-    nodes, in place. -> how many were spliced."""
+    nodes, in place."""
     import torch
 
     wrapper = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
-    done = 0
+    if wrapper is None:
+        return
     for node in list(graph.nodes):
-        if wrapper is None or node.op != "call_function" or node.target is not wrapper:
+        if node.op != "call_function" or node.target is not wrapper:
             continue
         _device, _dtype, enabled, _cache, submod, *args = node.args
         if enabled:
@@ -41,9 +42,7 @@ def splice_regions(graph) -> int:
                     results = [values[r] if r is not None else None
                                for r in torch.fx.node.map_arg(inner.args[0], lambda n: n)]
                     continue
-                copy = graph.node_copy(inner, lambda n: values[n])
-                copy.meta = dict(inner.meta)
-                values[inner] = copy
+                values[inner] = graph.node_copy(inner, lambda n: values[n])
         for user in list(node.users):
             if user.op == "call_function" and user.target is operator.getitem:
                 user.replace_all_uses_with(results[user.args[1]])
@@ -51,5 +50,3 @@ def splice_regions(graph) -> int:
         graph.erase_node(node)
         if not submod.users:
             graph.erase_node(submod)
-        done += 1
-    return done
