@@ -689,7 +689,8 @@ CASES += [(f"polynomial_{name[8:]}", getattr(aten, name).default, (r(8), torch.t
 BY_MODELS = {"aten.empty", "aten.empty_like", "aten.new_empty",  # torch leaves the values undefined: zeros here
              "aten.dropout", "aten.feature_dropout", "aten.alpha_dropout", "aten.feature_alpha_dropout",
              "getitem", "<built-in function getitem>", "aten.log_sigmoid_forward",
-             "aten.multilabel_margin_loss_forward"}  # nn.MultiLabelMarginLoss in tests/test_train_optimizers_losses.py
+             "aten.multilabel_margin_loss_forward",  # nn.MultiLabelMarginLoss in tests/test_train_optimizers_losses.py
+             "transformers.grouped_mm_fallback"}  # test_huggingface_grouped_mm_matches_torch
 # Random draws: (id, op, args, kwargs) as above. Given torch's draw (replayed) the translation must
 # compute torch's values; drawing on its own, values of torch's distribution.
 N = (300, 60)
@@ -758,6 +759,19 @@ def test_every_op_in_the_table_has_a_case():
     untested = sorted({k for k in ops.OPS if k not in tested and k.rsplit(".", 1)[0] not in tested
                        and k not in BY_MODELS and k.rsplit(".", 1)[0] not in BY_MODELS})
     assert not untested, untested
+
+
+def test_huggingface_grouped_mm_matches_torch():
+    """transformers' mixture-of-experts product (its own op, registered on import): an expert with no
+    rows, and rows past the last offset left zero."""
+    pytest.importorskip("transformers.integrations.moe")
+    from flaxport.translate.optest import run_op
+
+    offs = torch.tensor([2, 2, 5, 6])
+    args = (r(8, 3), r(4, 3, 5), offs)
+    for g, e in zip(*run_op(torch.ops.transformers.grouped_mm_fallback.default, *args)[:2]):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    assert not np.asarray(g)[6:].any()
 
 
 @pytest.mark.parametrize("case", RANDOM_CASES, ids=[c[0] for c in RANDOM_CASES])

@@ -195,6 +195,7 @@ class BodyRenderer:
                 self.holder[name] = v
         self.entry = [(v, name) for v, name in zip(inputs, params) if not isinstance(v, (str, cap.Frame))]
         self.entry_sizes: dict = {}  # size symbol -> the name _read_at_entry read it into
+        self.entry_dtypes: dict = {}  # input -> the name dtype_of read its dtype into
         self.asked: dict = {}  # size expression (text) -> the parameter the caller passes it in
         for u in self.units:
             self._emit(u)
@@ -724,6 +725,25 @@ class BodyRenderer:
             self.entry_sizes[name] = var
             return var
         return None
+
+    def dtype_of(self, v) -> str | None:
+        """`x.dtype` of value v where its name still holds it here; for an input whose name a later
+        value took over, its dtype read at the top of the body (`x_dtype = x.dtype`)."""
+        name = self.names.get(v)
+        if name is not None and self.holder.get(name) is v:
+            return f"{name}.dtype"
+        param = next((p for e, p in self.entry if e is v), None)
+        if param is None:
+            return None
+        if v not in self.entry_dtypes:
+            var, k = f"{param}_dtype", 1
+            while var in self.live or var in RESERVED or var in self.names.values():
+                k += 1
+                var = f"{param}_dtype{k}"
+            self.live[var] = math.inf
+            self.lines.insert(0, f"{var} = {param}.dtype")
+            self.entry_dtypes[v] = var
+        return self.entry_dtypes[v]
 
     def _op_arguments(self) -> list:
         """The current op's array arguments, and the arrays inside the ones written inline."""

@@ -109,6 +109,7 @@ class Capture:
     buffer_updates: dict  # buffer target -> fx node holding its new value
     dynamic: object  # the axes exported with symbolic sizes: "all", "batch" (axis 0) or False
     module: object  # the module copy that was exported
+    float_casts: dict = dataclasses.field(default_factory=dict)  # cast_keys key -> dtype, casts that change it
 
     def node_frames(self) -> dict:
         """fx node -> the Frame it ran in."""
@@ -245,9 +246,14 @@ def _user_frame(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- capture
-def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all") -> Capture:
+def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all", reference=None) -> Capture:
     """Export a deep copy of `module` in train or eval mode (cast to `dtype` with its float
-    inputs when given) and return the functional, framed Capture. The module is untouched."""
+    inputs when given) and return the functional, framed Capture. The module is untouched.
+
+    reference: the float64 capture. A cast to the dtype a value already has computes nothing and
+    is dropped, unless the reference casts there: `logits.to(torch.float32)` is a no-op in a
+    float32 capture but pins float32 (a router's top-k, a position encoding) where the model runs
+    in float64 or bfloat16, so it is kept, marked with the reference's dtype (Plan.dtype_reference)."""
     import torch
 
     kwargs = dict(kwargs or {})
@@ -275,13 +281,16 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
     while decompose(graph, has_translation, keep=set(buffer_updates.values())):
         functionalize(graph, placeholders)  # decompositions write in place too (out.clamp_min_(0))
     buffer_updates.update(running_statistics(graph, placeholders, m))
-    _drop_pass_through(graph)
+    keys = cast_keys(graph)
+    float_casts = {k: node.meta["val"].dtype for node, k in keys.items() if not _same_dtype_and_layout(node)}
+    changing = reference.float_casts if reference is not None else {}
+    _drop_pass_through(graph, {node: changing[k] for node, k in keys.items() if k in changing})
     _eliminate_dead_code(graph, set(buffer_updates.values()))
     output = next(n for n in graph.nodes if n.op == "output")
     outputs = list(output.args[0])
     root = build_frames(graph, m)
     return Capture("train" if train else "eval", program, graph, root, placeholders, user_inputs, names, access, outputs,
-                   program.call_spec.out_spec, buffer_updates, is_dynamic, m)
+                   program.call_spec.out_spec, buffer_updates, is_dynamic, m, float_casts)
 
 
 def _placeholders(program):
@@ -564,7 +573,23 @@ def _resolve(node, replaced):
     return node
 
 
-def _drop_pass_through(graph):
+def cast_keys(graph) -> dict:
+    """{cast node: (module path, op, source line, occurrence)}: the same key in another capture of
+    the same forward (the other mode, float64), where node names shift with the ops only one has."""
+    keys, seen = {}, {}
+    for node in graph.nodes:
+        name = _target_name(node) if node.op == "call_function" else ""
+        if not (name == "aten._to_copy.default" or name.startswith("aten.to.")) or not node.args:
+            continue
+        key = (_module_path(node), name, _source(node))
+        keys[node] = key + (seen.get(key, 0),)
+        seen[key] = seen.get(key, 0) + 1
+    return keys
+
+
+def _drop_pass_through(graph, kept_casts: dict):
+    """kept_casts: {cast node: the dtype the float64 capture casts to there} for casts kept even
+    where they change no dtype here."""
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
@@ -575,12 +600,35 @@ def _drop_pass_through(graph):
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
         elif name == "aten._to_copy.default" or name.startswith("aten.to."):
-            if _same_dtype_and_layout(node):
+            if node in kept_casts:
+                node.meta["float64_capture_dtype"] = kept_casts[node]
+                if _same_dtype_and_layout(node):
+                    _outside_read_the_input(node)
+            elif _same_dtype_and_layout(node):
                 node.replace_all_uses_with(node.args[0])
                 graph.erase_node(node)
     for node in list(graph.nodes):  # sym nodes feeding only dropped asserts
         if node.op == "call_function" and not node.users and _is_sym(node):
             graph.erase_node(node)
+
+
+def _module_path(node) -> str:
+    """The path of the innermost module the node ran in ('' for the top module)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack.values()))[0] if stack else ""
+
+
+def _outside_read_the_input(cast):
+    """A cast to the dtype its input has returns the input itself in torch, so the export gives
+    every later read of that tensor the cast's node, the residual `x + ...` around an RMSNorm that
+    casts inside too. Reads outside the cast's module get the input back."""
+    home = _module_path(cast)
+    if not home:
+        return
+    for user in list(cast.users):
+        where = _module_path(user) if user.op != "output" else ""
+        if where != home and not where.startswith(home + "."):
+            user.replace_input_with(cast, cast.args[0])
 
 
 def _eliminate_dead_code(graph, keep: set):

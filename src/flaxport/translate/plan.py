@@ -167,6 +167,13 @@ class Plan:
         kind = self._kinds.get(path)
         return kind == "layer" or kind not in ("inline", "element", "unused") and self.used(path)
 
+    def held(self, path) -> bool:
+        """Does the translated model hold the module at path's variables? Its own kind says so, and
+        none of the modules above it is one the forward never calls (a vision tower of a
+        multimodal model given only text: its weights are left out, as unused)."""
+        parents = [path.rsplit(".", k)[0] for k in range(1, path.count(".") + 1)]
+        return (self.used(path) or self._kinds.get(path) == "layer") and all(self.used(p) for p in parents)
+
     def ties(self) -> list:
         """[(alias, home)] attribute expressions from the top module: torch shares one module or one
         tensor between these paths (CoaT's crpe1, an LM head tied to its embedding), so the
@@ -549,29 +556,59 @@ class Plan:
         the float64 capture), with x a named float value in scope that follows it too."""
         if self.f64 is None:
             return None
-        # the float64 capture is of eval mode: another mode's nodes have no twins there by name (its
-        # names shift with the ops only it has), so there a float32 value follows the compute dtype
+        # the float64 capture is of eval mode: another mode's nodes have twins there by name only
+        # where the names have not shifted with the ops only that mode has
         same_mode = body.capture.mode == self.f64.mode
-        twin = self._f64_by_name.get(node.name) if same_mode else None
         val = node.meta.get("val")
-        if twin is None:
+        if "float64_capture_dtype" in node.meta:  # a cast the float64 capture has too (capture.cast_keys)
+            twin_dtype = node.meta["float64_capture_dtype"]
+        else:
+            twin_dtype = self._float64_dtype(body.capture, node)
+        if twin_dtype is None:
             # dropped from the float64 capture as a cast to the dtype it already had: it follows
             import torch
 
             twin_dtype = torch.float64 if str(getattr(val, "dtype", "")) == "torch.float32" else None
-        else:
-            twin_dtype = getattr(twin.meta.get("val"), "dtype", None)
         if twin_dtype is None or not hasattr(val, "dtype") or str(twin_dtype) == str(val.dtype):
             return None
+        # in another mode than the float64 capture's, names shift and a value's float64 dtype is a
+        # guess: the call's inputs first (they follow the model), then its weights, then the rest
+        inputs, others = [], []
         for v in list(body.inputs) + [v for v in body.names if v in body.defined]:  # in scope here
             if isinstance(v, str) or v not in body.names:
                 continue
             vv = v.meta.get("val")
             if not hasattr(vv, "dtype") or str(vv.dtype) != str(val.dtype):
                 continue
-            t = self._f64_by_name.get(v.name) if same_mode else None
-            if not same_mode or t is not None and str(t.meta.get("val").dtype) == str(twin_dtype):
-                return f"{body.names[v]}.dtype"
+            if not same_mode:
+                (inputs if v in body.inputs else others).append(v)
+                continue
+            t = self._f64_by_name.get(v.name)
+            if t is not None and str(t.meta.get("val").dtype) == str(twin_dtype):
+                ref = body.dtype_of(v)
+                if ref is not None:
+                    return ref
+        weight = self._float_parameter(body.frame.path)
+        refs = itertools.chain((body.dtype_of(v) for v in inputs), [weight and f"{weight}.dtype"],
+                               (body.dtype_of(v) for v in others))  # lazily: dtype_of may write a line
+        return next((ref for ref in refs if ref is not None), None)
+
+    def _float64_dtype(self, capture, node):
+        """The dtype node has in the float64 capture (through the other mode's twin by name), or None."""
+        if capture.mode != self.f64.mode:
+            node = self.twin(capture, node)
+            if node is None:
+                return None
+        t = self._f64_by_name.get(node.name)
+        return getattr(t.meta.get("val"), "dtype", None) if t is not None else None
+
+    def _float_parameter(self, path) -> str | None:
+        """`self.proj.weight`: a floating parameter the module at path holds, itself or in a child
+        the translation constructs."""
+        for name, p in self.modules[path].named_parameters():
+            owner = name.rpartition(".")[0]
+            if p.is_floating_point() and (not owner or self.constructed(f"{path}.{owner}" if path else owner)):
+                return self.attr_of_placeholder(path, f"{path}.{name}" if path else name)
         return None
 
     def synth_name(self, frame, node, base) -> str:

@@ -61,24 +61,24 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "native",
     from flaxport.translate.emit import calls_native_conv, module_source
     from flaxport.translate.plan import Plan
 
+    try:
+        # static shapes: it supplies torch's float64 values and which casts follow the dtype
+        f64 = capture(module, args, kwargs, train=False, dtype=torch.float64, dynamic=False)
+    except TranslateError:
+        f64 = None
     primary = "train" if module.training else "eval"
     captures, notes = {}, []
     axes = "all"
     for mode in (primary, "eval" if primary == "train" else "train"):
         try:
             # the other mode asks no more symbolic sizes than the first got (capture.export_program)
-            captures[mode] = capture(module, args, kwargs, train=mode == "train", dynamic=axes)
+            captures[mode] = capture(module, args, kwargs, train=mode == "train", dynamic=axes, reference=f64)
             axes = captures[mode].dynamic or False
         except TranslateError as e:
             if mode == primary:
                 raise
             notes.append(f"{mode} mode could not be captured ({e}); the model is translated in {primary} mode only")
     captures = dict(sorted(captures.items(), key=lambda kv: kv[0] != "eval"))
-    try:
-        # static shapes: it only supplies torch's float64 values and which casts follow the dtype
-        f64 = capture(module, args, kwargs, train=False, dtype=torch.float64, dynamic=False)
-    except TranslateError:
-        f64 = None
     plan = Plan(module, captures, f64, layout=layout)
     build_classes(plan)
     if plan.problems:
@@ -207,7 +207,7 @@ class Translation:
         self.names = {}
         for name in list(self._torch_state) + list(extra):
             owner, _, attr = name.rpartition(".")
-            if plan.used(owner) or plan._kinds.get(owner) == "layer":
+            if plan.held(owner):
                 self.names[name] = plan.nnx_path(owner) + (plan.attr_name(attr),)
         self._one_path_per_shared_tensor()
         self.model = self.new_model()

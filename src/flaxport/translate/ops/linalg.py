@@ -1,7 +1,7 @@
-"""Matrix products: linear, matmul, bmm, addmm, einsum."""
+"""Matrix products: linear, matmul, bmm, addmm, einsum, grouped (mixture-of-experts) products."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ADD, ATOM, MUL, Expr, binary, call, op
+from flaxport.translate.ops import ADD, ATOM, MUL, Expr, binary, call, method, op
 
 
 @op("aten.linear.default")
@@ -27,6 +27,16 @@ def cosine_similarity(c, node):
 @op("aten.matmul.default", "aten.mm.default", "aten.bmm.default")
 def matmul(c, node):
     return binary(c, c.x("self"), "@", c.x("other" if c.has("other") else "mat2"), MUL)
+
+
+@op("transformers.grouped_mm_fallback.default")
+def grouped_mm(c, node):
+    """HuggingFace's mixture-of-experts product: input rows offs[i-1]:offs[i] (sorted by expert) times
+    weight[i]; input (S, in), weight (experts, in, out), offs (experts,) cumulative counts -> (S, out),
+    rows past offs[-1] zero. torch loops over the experts at their sizes; lax.ragged_dot takes the
+    group sizes as an array, so jit compiles it once."""
+    sizes = call("jnp.diff", c.x("offs"), prepend=0)
+    return call("lax.ragged_dot", c.x("input"), c.x("weight"), method(sizes, "astype", "jnp.int32"))
 
 
 @op("aten.addmm.default", "aten.baddbmm.default", "aten.addbmm.default")

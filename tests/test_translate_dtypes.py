@@ -1,0 +1,137 @@
+"""Casts a model pins (float32 inside a float64 or bfloat16 model) and orders torch leaves to its kernels."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+from torch import nn  # noqa: E402
+
+
+class RMSNorm(nn.Module):
+    """HuggingFace's: the statistics in float32 whatever the model's dtype, then back."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + 1e-6)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = RMSNorm(8)
+        self.proj = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.1)  # train mode has an op more: node names differ between the modes
+
+    def forward(self, x):
+        residual = x  # the same tensor the norm's no-op cast returns in a float32 export
+        y = self.drop(self.proj(self.norm(x)))
+        return residual + y.to(x.dtype)
+
+
+class Encoding(nn.Module):
+    """timm's Fourier position encoding: made in float32, cast to the weights' dtype (BatchNorm: the
+    train capture has ops the eval one lacks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv2d(4, 6, 1)
+        self.bn = nn.BatchNorm2d(6)
+
+    def forward(self, x):
+        ramp = torch.arange(x.shape[-1], dtype=torch.float32) / 3.0
+        pos = torch.sin(ramp)[None, None, None, :].expand(x.shape[0], 4, x.shape[2], -1)
+        return self.bn(self.proj(pos.to(self.proj.weight.dtype))) + x.mean()
+
+
+def test_pinned_float32_stays_float32_in_the_float64_proof_and_train_check():
+    from flaxport.translate import translate
+    from flaxport.translate.proof import check_train
+
+    module = Block().eval()
+    t = translate(module, torch.randn(2, 5, 8))
+    assert t.report.ok, t.report.first_divergence
+    assert "hidden_states.astype(jnp.float32)" in t.source
+    assert "hidden_states_dtype = hidden_states.dtype" in t.source  # the input's name is taken over by then
+    assert "hidden_states.astype(hidden_states_dtype)" in t.source
+    report = check_train(t, module)  # float64 train forward: torch keeps the norm in float32 too
+    assert report.ok, report.first_divergence
+
+
+def test_no_op_cast_in_both_dtypes_is_not_written():
+    from flaxport.translate import translate
+
+    class Same(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.proj(x).to(x.dtype) * 2
+
+    t = translate(Same().eval(), torch.randn(3, 4))
+    assert t.report.ok and "astype" not in t.source
+
+
+def test_pinned_creation_and_the_cast_back_are_one_code_for_both_modes():
+    from flaxport.translate import translate
+    from flaxport.translate.proof import check_train
+
+    module = Encoding().eval()
+    t = translate(module, torch.randn(2, 4, 3, 5))
+    assert t.report.ok, t.report.first_divergence
+    assert "jnp.arange(x.shape[3], dtype=jnp.float32)" in t.source and "self.training" not in t.source
+    report = check_train(t, module)
+    assert report.ok, report.first_divergence
+
+
+def test_unstable_sort_ties_are_compared_in_one_order_torch_may_give():
+    """A mixture of experts: token slots sorted by expert id (many ties), a layer on the sorted rows,
+    then put back. torch's unstable sort orders equal keys its own way; the sorted rows compare."""
+    from flaxport.translate import translate
+
+    class Dispatch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = nn.Linear(6, 3)
+            self.expert = nn.Sequential(nn.Linear(6, 6), nn.GELU())
+
+        def forward(self, x):
+            ids = self.router(x).argmax(-1)
+            order = torch.sort(ids)[1]
+            rows = self.expert(x[order])
+            return torch.zeros_like(rows).index_copy(0, order, rows)
+
+    t = translate(Dispatch().eval(), torch.randn(24, 6))
+    assert t.report.ok, t.report.first_divergence
+
+
+def test_mixture_of_experts_from_huggingface_proves_and_trains():
+    """transformers' grouped expert product (its own op), an unstable sort of the slots, and a train
+    check in float32 where torch's eager grouped_mm has no float64 kernel."""
+    transformers = pytest.importorskip("transformers")
+    from flaxport.bench.zoos import import_torchvision
+    from flaxport.translate import translate
+
+    import_torchvision()  # transformers' model imports reach torchvision (its CPU-less wheel here)
+    from flaxport.translate.proof import FLOAT32_TOLERANCE, check_train
+
+    config = transformers.MixtralConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=32)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.MixtralModel(config).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    t = translate(model, ids, example_kwargs={"use_cache": False})
+    assert t.report.ok, t.report.first_divergence
+    assert "lax.ragged_dot(" in t.source
+    report = check_train(t, model)
+    assert report.ok, report.first_divergence
+    assert all("float32" in row.note for row in report.rows) and report.atol == FLOAT32_TOLERANCE
