@@ -115,3 +115,41 @@ def test_sizes_asked_of_the_caller_take_names_the_forward_leaves_free():
     t = translate(SizedNet().eval(), torch.randn(2, 3, 8, 12))
     assert t.report.ok, str(t.report)
     assert "def __call__(self, x, size1, size2):" in t.source  # "size" is the forward's own
+
+
+class MaxPoolSame(nn.Module):
+    """timm's MaxPool2dSame: TensorFlow's 'SAME' padding, computed from the size it is given."""
+
+    def forward(self, x):
+        ih, iw = x.shape[-2:]
+        pad_h = max((math.ceil(ih / 2) - 1) * 2 + 3 - ih, 0)
+        pad_w = max((math.ceil(iw / 2) - 1) * 2 + 3 - iw, 0)
+        x = nn.functional.pad(x, [pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2], value=-math.inf)
+        return nn.functional.max_pool2d(x, 3, 2)
+
+
+class SameStem(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 8, 7, stride=2, padding=3), nn.ReLU(), MaxPoolSame())
+        self.proj = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = self.proj(self.backbone(x))
+        return y.flatten(2).transpose(1, 2) + y.shape[-1]
+
+
+def test_a_sequential_whose_element_asks_for_sizes_is_a_class_that_passes_them():
+    """nnx.Sequential passes one value along; the padding sizes come from the Sequential's own input."""
+    import numpy as np
+
+    from flaxport.translate import translate
+
+    module = SameStem().eval()
+    t = translate(module, torch.randn(2, 3, 19, 22))
+    assert t.report.ok, str(t.report)
+    assert "nnx.Sequential" not in t.source and "class Sequential(nnx.Module):" in t.source
+    with torch.no_grad():
+        x = torch.randn(3, 3, 27, 16)
+        want = module(x).numpy()
+    np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-4, atol=1e-4)

@@ -44,15 +44,27 @@ def _lines(body) -> list:
 
 def render_bodies(plan):
     """Render every call of every generated (or Sequential-element) module, children first."""
+    done = []
     for mode, capture in plan.captures.items():
         for frame in _postorder(capture.root):
             kind = plan._kinds.get(frame.path, "generated")
-            if kind not in ("generated", "element"):
-                continue
-            body = BodyRenderer(plan, capture, frame, frame.path).render()
-            plan.bodies[(mode, frame.key)] = body
-            plan.helpers |= body.helpers
-            plan.imports |= body.imports
+            if kind == "sequential" and any(plan.asks_sizes(child) for child in frame.children):
+                plan.unseal_sequential(frame.path)
+                # the modes rendered before this one hold calls of it too: render those now
+                for other, earlier in plan.frames_by_path.get(frame.path, []):
+                    if other in done:
+                        _render(plan, other, plan.captures[other], earlier)
+                kind = "generated"
+            if kind in ("generated", "element"):
+                _render(plan, mode, capture, frame)
+        done.append(mode)
+
+
+def _render(plan, mode, capture, frame):
+    body = BodyRenderer(plan, capture, frame, frame.path).render()
+    plan.bodies[(mode, frame.key)] = body
+    plan.helpers |= body.helpers
+    plan.imports |= body.imports
 
 
 def _mode_bodies(plan, path):

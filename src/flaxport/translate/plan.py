@@ -152,6 +152,19 @@ class Plan:
             if path and kind == "inline" and self._kinds.get(parent) == "sequential":
                 self._kinds[path] = "element"
 
+    def asks_sizes(self, frame) -> bool:
+        """Does this call take sizes from its caller (need_symbol) besides its arrays?"""
+        return bool(self._extra_syms.get(id(frame)))
+
+    def unseal_sequential(self, path):
+        """An nn.Sequential one of whose elements asks its caller for sizes (timm's MaxPool2dSame
+        pads by amounts computed from the image size): nnx.Sequential passes one value along, so
+        it becomes a class of its own that calls its elements in order, passing the sizes."""
+        self._kinds[path] = "generated"
+        for child, kind in list(self._kinds.items()):
+            if kind == "element" and child.rpartition(".")[0] == path:
+                self._kinds[child] = "inline"
+
     def kind(self, frame_or_path) -> str:
         path = frame_or_path if isinstance(frame_or_path, str) else frame_or_path.path
         kind = self._kinds.get(path, "generated")
@@ -331,7 +344,8 @@ class Plan:
                 if ph is not None and ph.kind != "input" and self._owned(frame.path, capture, a):
                     continue
                 inputs.append(a)
-            if any(u not in inside for u in node.users) or node in graph_outputs:
+            # a size read from it outside (sym_size) is not: sizes are written from the shapes in scope
+            if any(u not in inside and not cap.is_sym(u) for u in node.users) or node in graph_outputs:
                 if not (cap.is_sym(node)):
                     outputs.append(node)
         spec = self._specs.get(frame.path)
