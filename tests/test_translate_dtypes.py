@@ -135,3 +135,37 @@ def test_mixture_of_experts_from_huggingface_proves_and_trains():
     report = check_train(t, model)
     assert report.ok, report.first_divergence
     assert all("float32" in row.note for row in report.rows) and report.atol == FLOAT32_TOLERANCE
+
+
+class Rotary(nn.Module):
+    """Computed in float32, returned in the model's dtype: sin made first, cos returned first."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 100 ** (torch.arange(0, 8, 2).float() / 8))
+
+    def forward(self, x, positions):
+        freqs = positions[..., None].float() * self.inv_freq.float()
+        sin = torch.cat([freqs.sin(), freqs.sin()], -1)
+        cos = torch.cat([freqs.cos(), freqs.cos()], -1)
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+class Rotated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rotary = Rotary()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, positions):
+        cos, sin = self.rotary(x, positions)
+        q = self.proj(x)
+        return q * cos + q.flip(-1) * sin
+
+
+def test_outputs_a_cast_reorders_in_float64_are_compared_in_the_translations_order():
+    from flaxport.translate import translate
+
+    x, positions = torch.randn(2, 5, 8), torch.arange(5)[None].expand(2, 5)
+    t = translate(Rotated().eval(), x, positions)
+    assert t.report.ok, t.report.first_divergence

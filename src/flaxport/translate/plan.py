@@ -90,6 +90,7 @@ class Plan:
                     self.frames_by_path.setdefault(path, []).append((mode, frame))
         self._aliases = _aliases(module)  # tied weights: every name of one tensor
         self._io: dict = {}
+        self._eval_frames = {f.key: f for f in captures["eval"].root.walk()} if "eval" in captures else {}
         self._extra_syms: dict = {}
         self._size_exprs: dict = {}  # text -> sympy expression of the sizes calls ask for
         self._kinds: dict = {}
@@ -348,6 +349,8 @@ class Plan:
             if any(u not in inside and not cap.is_sym(u) for u in node.users) or node in graph_outputs:
                 if not (cap.is_sym(node)):
                     outputs.append(node)
+        if self.f64 is not None and capture is self.f64:
+            outputs = self._in_translation_order(frame, outputs)
         spec = self._specs.get(frame.path)
         if spec is not None and spec.core:
             inputs = self._layer_inputs(frame, spec, inputs)
@@ -355,6 +358,26 @@ class Plan:
             inputs += self._sizes_passed_in(frame, inputs, sizes)
         self._io[key] = (inputs, outputs)
         return self.io(frame)
+
+    def _in_translation_order(self, frame, outputs) -> list:
+        """A float64 call's outputs in the order the translation returns them (its eval-mode twin's):
+        a cast made only in float64 (`return cos.to(x.dtype), sin.to(x.dtype)` after computing sin
+        first) puts them in another order than the graph of the float32 capture."""
+        import torch
+
+        twin = self._eval_frames.get(frame.key)
+        if twin is None:
+            return outputs
+        want = [n.name for n in self.io(twin)[1]]
+
+        def name(node):
+            if node.name not in want and node.target in (torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype) \
+                    and hasattr(node.args[0], "name"):
+                return node.args[0].name
+            return node.name
+
+        names = [name(n) for n in outputs]
+        return [outputs[names.index(w)] for w in want] if sorted(names) == sorted(want) else outputs
 
     def _own_nodes(self, frame):
         """The nodes this call's own body renders: its own, and those of the parameter-free
