@@ -169,3 +169,29 @@ def test_outputs_a_cast_reorders_in_float64_are_compared_in_the_translations_ord
     x, positions = torch.randn(2, 5, 8), torch.arange(5)[None].expand(2, 5)
     t = translate(Rotated().eval(), x, positions)
     assert t.report.ok, t.report.first_divergence
+
+
+class L2Norm(nn.Module):
+    """`x.float()` is x itself in a float32 model, so torch.export reads `.type_as(x)` from the cast."""
+
+    def forward(self, x):
+        y = x.float()
+        return (y * torch.rsqrt(y.pow(2).sum(-1, keepdim=True) + 1e-6)).type_as(x)
+
+
+class TwiceNormed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = L2Norm()
+        self.proj = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.norm(x + self.proj(self.norm(x)))  # one instance, two calls: one class, one code
+
+
+def test_reads_of_a_tensor_after_its_no_op_cast_read_the_tensor():
+    from flaxport.translate import translate
+
+    t = translate(TwiceNormed().eval(), torch.randn(3, 6))
+    assert t.report.ok, t.report.first_divergence
+    assert ".astype(x.dtype)" in t.source and "to.dtype" not in t.source

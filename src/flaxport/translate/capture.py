@@ -109,7 +109,8 @@ class Capture:
     buffer_updates: dict  # buffer target -> fx node holding its new value
     dynamic: object  # the axes exported with symbolic sizes: "all", "batch" (axis 0) or False
     module: object  # the module copy that was exported
-    float_casts: dict = dataclasses.field(default_factory=dict)  # cast_keys key -> dtype, casts that change it
+    float_casts: dict = dataclasses.field(default_factory=dict)  # node_keys key -> dtype, casts that change it
+    nodes_by_key: dict = dataclasses.field(default_factory=dict)  # node_keys key -> node (before dropping)
 
     def node_frames(self) -> dict:
         """fx node -> the Frame it ran in."""
@@ -281,16 +282,19 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
     while decompose(graph, has_translation, keep=set(buffer_updates.values())):
         functionalize(graph, placeholders)  # decompositions write in place too (out.clamp_min_(0))
     buffer_updates.update(running_statistics(graph, placeholders, m))
-    keys = cast_keys(graph)
-    float_casts = {k: node.meta["val"].dtype for node, k in keys.items() if not _same_dtype_and_layout(node)}
+    keys = node_keys(graph)
+    nodes_by_key = {k: node for node, k in keys.items()}
+    float_casts = {k: node.meta["val"].dtype for node, k in keys.items()
+                   if _is_cast(node) and not _same_dtype_and_layout(node)}
     changing = reference.float_casts if reference is not None else {}
-    _drop_pass_through(graph, {node: changing[k] for node, k in keys.items() if k in changing})
+    twins = {node: reference.nodes_by_key.get(k) for node, k in keys.items()} if reference is not None else {}
+    _drop_pass_through(graph, {node: changing[k] for node, k in keys.items() if k in changing}, twins)
     _eliminate_dead_code(graph, set(buffer_updates.values()))
     output = next(n for n in graph.nodes if n.op == "output")
     outputs = list(output.args[0])
     root = build_frames(graph, m)
     return Capture("train" if train else "eval", program, graph, root, placeholders, user_inputs, names, access, outputs,
-                   program.call_spec.out_spec, buffer_updates, is_dynamic, m, float_casts)
+                   program.call_spec.out_spec, buffer_updates, is_dynamic, m, float_casts, nodes_by_key)
 
 
 def _placeholders(program):
@@ -573,23 +577,27 @@ def _resolve(node, replaced):
     return node
 
 
-def cast_keys(graph) -> dict:
-    """{cast node: (module path, op, source line, occurrence)}: the same key in another capture of
+def node_keys(graph) -> dict:
+    """{op node: (module path, op, source line, occurrence)}: the same key in another capture of
     the same forward (the other mode, float64), where node names shift with the ops only one has."""
     keys, seen = {}, {}
     for node in graph.nodes:
-        name = _target_name(node) if node.op == "call_function" else ""
-        if not (name == "aten._to_copy.default" or name.startswith("aten.to.")) or not node.args:
+        if node.op != "call_function":
             continue
-        key = (_module_path(node), name, _source(node))
+        key = (_module_path(node), _target_name(node), _source(node))
         keys[node] = key + (seen.get(key, 0),)
         seen[key] = seen.get(key, 0) + 1
     return keys
 
 
-def _drop_pass_through(graph, kept_casts: dict):
+def _is_cast(node) -> bool:
+    name = _target_name(node)
+    return (name == "aten._to_copy.default" or name.startswith("aten.to.")) and bool(node.args)
+
+
+def _drop_pass_through(graph, kept_casts: dict, twins: dict):
     """kept_casts: {cast node: the dtype the float64 capture casts to there} for casts kept even
-    where they change no dtype here."""
+    where they change no dtype here; twins: {node: the float64 capture's node of the same key}."""
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
@@ -599,11 +607,11 @@ def _drop_pass_through(graph, kept_casts: dict):
         elif name in PASS_THROUGH and node.args and hasattr(node.args[0], "op"):
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
-        elif name == "aten._to_copy.default" or name.startswith("aten.to."):
+        elif _is_cast(node):
             if node in kept_casts:
                 node.meta["float64_capture_dtype"] = kept_casts[node]
                 if _same_dtype_and_layout(node):
-                    _outside_read_the_input(node)
+                    _reads_of_the_input(node, twins)
             elif _same_dtype_and_layout(node):
                 node.replace_all_uses_with(node.args[0])
                 graph.erase_node(node)
@@ -618,16 +626,22 @@ def _module_path(node) -> str:
     return next(reversed(stack.values()))[0] if stack else ""
 
 
-def _outside_read_the_input(cast):
+def _reads_of_the_input(cast, twins: dict):
     """A cast to the dtype its input has returns the input itself in torch, so the export gives
-    every later read of that tensor the cast's node, the residual `x + ...` around an RMSNorm that
-    casts inside too. Reads outside the cast's module get the input back."""
+    every later read of that tensor the cast's node (`x.float()` ... `.type_as(x)`, the residual
+    `x + ...` around an RMSNorm). The float64 capture, where the cast makes a new tensor, says
+    which reads are of the input: those get it back. A read with no twin there is taken to be of
+    the input where it is outside the cast's module."""
+    twin = twins.get(cast)
     home = _module_path(cast)
-    if not home:
-        return
     for user in list(cast.users):
+        other = twins.get(user)
+        if twin is not None and other is not None:
+            if twin not in other.all_input_nodes:
+                user.replace_input_with(cast, cast.args[0])
+            continue
         where = _module_path(user) if user.op != "output" else ""
-        if where != home and not where.startswith(home + "."):
+        if home and where != home and not where.startswith(home + "."):
             user.replace_input_with(cast, cast.args[0])
 
 

@@ -37,6 +37,9 @@ class _Body:
     def value_as(self, v, layout) -> Expr:
         return self.value(v)
 
+    def dtype_of(self, v) -> str | None:
+        return f"{self.names[v]}.dtype" if v in self.names else None
+
     def slot(self, value, hint) -> Expr:
         text = repr(value)
         return Expr(text, oplib.UNARY if text.startswith("-") else oplib.ATOM)

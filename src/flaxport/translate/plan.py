@@ -597,7 +597,7 @@ class Plan:
         # where the names have not shifted with the ops only that mode has
         same_mode = body.capture.mode == self.f64.mode
         val = node.meta.get("val")
-        if "float64_capture_dtype" in node.meta:  # a cast the float64 capture has too (capture.cast_keys)
+        if "float64_capture_dtype" in node.meta:  # a cast the float64 capture has too (capture.node_keys)
             twin_dtype = node.meta["float64_capture_dtype"]
         else:
             twin_dtype = self._float64_dtype(body.capture, node)

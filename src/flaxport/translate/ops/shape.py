@@ -353,6 +353,10 @@ def to(c, node):
     target = c.out.dtype
     if str(target) == "torch.complex32":
         raise Unsupported("complex32 (torch.chalf), which JAX has no dtype for")
+    if str(node.target) == "aten.type_as.default":  # `y.type_as(x)`: x's dtype, where x is in scope
+        ref = c.body.dtype_of(c.raw("other"))
+        if ref is not None:
+            return Expr(f"{c.x('self').at(ATOM)}.astype({ref})")
     return Expr(f"{c.x('self').at(ATOM)}.astype({c.dtype(target, follow=node)})")
 
 
