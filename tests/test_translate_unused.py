@@ -14,16 +14,19 @@ class TextAndVision(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.embed = nn.Embedding(20, 8)
         self.vision = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8))
+        self.embed = nn.Embedding(20, 8)
         self.head = nn.Linear(8, 4)
 
     def forward(self, ids):
-        return self.head(self.embed(ids))
+        # made before any float value exists: its dtype is read from a weight the model holds
+        offset = torch.full((4,), 0.5, dtype=self.head.weight.dtype)
+        return self.head(self.embed(ids)) + offset
 
 
 def test_weights_of_an_uncalled_module_are_left_out(tmp_path):
     from flaxport.translate import translate
+    from flaxport.translate.proof import check_train
 
     module = TextAndVision().eval()
     ids = torch.randint(0, 20, (2, 5))
@@ -31,6 +34,8 @@ def test_weights_of_an_uncalled_module_are_left_out(tmp_path):
     assert t.report.ok, t.report.first_divergence
     assert sorted(t.unused) == ["vision.0.bias", "vision.0.weight", "vision.1.bias", "vision.1.weight"]
     assert "self.vision" not in t.source
+    report = check_train(t, module)
+    assert report.ok, report.first_divergence
     t.save(tmp_path)
     import importlib.util
 

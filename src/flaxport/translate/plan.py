@@ -644,7 +644,7 @@ class Plan:
         the translation constructs."""
         for name, p in self.modules[path].named_parameters():
             owner = name.rpartition(".")[0]
-            if p.is_floating_point() and (not owner or self.constructed(f"{path}.{owner}" if path else owner)):
+            if p.is_floating_point() and self.held(".".join(filter(None, [path, owner]))):
                 return self.attr_of_placeholder(path, f"{path}.{name}" if path else name)
         return None
 
