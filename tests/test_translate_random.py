@@ -125,3 +125,23 @@ def test_sampling_without_a_translation_is_refused_in_one_line(tmp_path):
     assert "Traceback" not in run.stderr
     assert "aten.multinomial.default: random numbers (multinomial): draw the samples outside forward" in run.stderr
     assert "sampler.py:7" in run.stderr
+
+
+class HalfDrop(torch.nn.Module):
+    """`bernoulli_(0.5)`: p is bernoulli_'s default, so the graph leaves it out."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.proj(x)
+        return x * x.new_empty((x.shape[0], 1)).bernoulli_(0.5) / 0.5
+
+
+def test_an_argument_left_at_its_in_place_default_is_written():
+    from flaxport.translate import translate
+
+    t = translate(HalfDrop().train(), torch.randn(3, 4))
+    assert t.report.ok, t.report.first_divergence
+    assert "jax.random.bernoulli(self.noise(), 0.5," in t.source

@@ -416,6 +416,18 @@ def _functional_op(node):
     return None
 
 
+def _defaults_it_lacks(node, func) -> dict:
+    """node's keyword arguments, plus those it leaves at a default that `func` has no default for:
+    `x.bernoulli_(0.5)` reaches the graph as bernoulli_.float(x), p=0.5 being its default, and
+    bernoulli.p takes p without one."""
+    kwargs = dict(node.kwargs)
+    required = {a.name for a in func._schema.arguments if not a.has_default_value()}
+    for i, arg in enumerate(node.target._schema.arguments):
+        if i >= len(node.args) and arg.name not in kwargs and arg.name in required and arg.has_default_value():
+            kwargs[arg.name] = arg.default_value
+    return kwargs
+
+
 def _arguments(schema) -> tuple:
     """(name, type, keyword-only) of each argument: what an overload takes, aliasing aside."""
     return tuple((a.name, str(a.type), a.kwarg_only) for a in schema.arguments)
@@ -444,7 +456,7 @@ def functionalize(graph, placeholders) -> dict:
         if func is None:
             continue  # reported as an unsupported op later (with its name)
         with graph.inserting_after(node):
-            new = graph.call_function(func, node.args, node.kwargs)
+            new = graph.call_function(func, node.args, _defaults_it_lacks(node, func))
         new.meta = dict(node.meta)
         new.meta["val"] = node.meta.get("val")
         node.replace_all_uses_with(new)
