@@ -195,3 +195,26 @@ def test_reads_of_a_tensor_after_its_no_op_cast_read_the_tensor():
     t = translate(TwiceNormed().eval(), torch.randn(3, 6))
     assert t.report.ok, t.report.first_divergence
     assert ".astype(x.dtype)" in t.source and "to.dtype" not in t.source
+
+
+class Picker(nn.Module):
+    def forward(self, scores):
+        return torch.relu(scores).topk(3, dim=-1).indices  # rows with fewer than 3 positives: ties at 0
+
+
+class TopThree(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.picker = Picker()
+
+    def forward(self, x):
+        return torch.relu(x).gather(-1, self.picker(x)).sum(-1)
+
+
+def test_top_k_ties_are_compared_in_one_order_torch_may_give():
+    from flaxport.translate import translate
+
+    x = torch.randn(8, 6) - 1.2
+    assert ((x > 0).sum(-1) < 3).any()
+    t = translate(TopThree().eval(), x)
+    assert t.report.ok, t.report.first_divergence

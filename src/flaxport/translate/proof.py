@@ -4,9 +4,10 @@ Both sides run in eval mode on the example inputs, in float64 (jax x64 and the t
 module in double) and in float32. torch's values at each boundary are the values its
 own ATen ops compute for the captured graph (an fx Interpreter over the export, which
 holds torch's kernels), and the final outputs come from running the torch module
-itself. An unstable sort leaves the order of equal keys to its kernel: the interpreter sorts
-stably there, an order torch may give and the one the translation gives (a mixture of experts
-sorts token slots by expert id, and the rows inside an expert are compared in that order). The
+itself. An unstable sort and a top-k leave the order of equal keys to their kernels: the
+interpreter takes them in the order they come there, an order torch may give and the one the
+translation gives (a mixture of experts sorts token slots by expert id, and the rows inside an
+expert are compared in that order; a top-k over a causally masked row picks among -inf). The
 JAX side records what every translated module call returns. Rows follow
 torch's execution order (a call's row when it returns, as forward hooks would), so the
 first failing row is the first submodule whose translation computes something else.
@@ -529,6 +530,8 @@ def _interpret(capture, args, kwargs, draws=None, masks=None, keep=None) -> dict
             if target in sorts:
                 target, kwargs = torch.ops.aten.sort.stable, {**_sort_arguments(args, kwargs), "stable": True}
                 args = args[:1]
+            if target is torch.ops.aten.topk.default:
+                return _stable_topk(*args, **kwargs)
             run = super().call_function
             if dropped is not None:
                 run = functools.partial(dropped, run=run)
@@ -546,6 +549,14 @@ def _interpret(capture, args, kwargs, draws=None, masks=None, keep=None) -> dict
     with _torch_precision(), torch.no_grad():
         Recorder(gm, graph=capture.graph).run(*values)
     return env
+
+
+def _stable_topk(x, k, dim=-1, largest=True, sorted=True):
+    """torch.topk, equal values in the order they come (the lowest index first, as lax.top_k)."""
+    import torch
+
+    values, indices = torch.sort(x, dim=dim, descending=largest, stable=True)
+    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
 
 
 def _sort_arguments(args, kwargs) -> dict:
