@@ -716,15 +716,19 @@ class BodyRenderer:
             d = self._dim_of(v, name)
             if d is None:
                 continue
-            var, k = "size", 1
-            while var in self.live or var in RESERVED or var in self.names.values():
-                k += 1
-                var = f"size{k}"
-            self.live[var] = math.inf
-            self.lines.insert(0, f"{var} = {param}.shape[{d}]")
-            self.entry_sizes[name] = var
-            return var
+            self.entry_sizes[name] = self._at_entry("size", f"{param}.shape[{d}]")
+            return self.entry_sizes[name]
         return None
+
+    def _at_entry(self, base: str, text: str) -> str:
+        """A new name (base, base2, ...) for `text`, assigned at the top of the body."""
+        var, k = base, 1
+        while var in self.live or var in RESERVED or var in self.names.values():
+            k += 1
+            var = f"{base}{k}"
+        self.live[var] = math.inf
+        self.lines.insert(0, f"{var} = {text}")
+        return var
 
     def dtype_of(self, v) -> str | None:
         """`x.dtype` of value v where its name still holds it here; for an input whose name a later
@@ -736,13 +740,7 @@ class BodyRenderer:
         if param is None:
             return None
         if v not in self.entry_dtypes:
-            var, k = f"{param}_dtype", 1
-            while var in self.live or var in RESERVED or var in self.names.values():
-                k += 1
-                var = f"{param}_dtype{k}"
-            self.live[var] = math.inf
-            self.lines.insert(0, f"{var} = {param}.dtype")
-            self.entry_dtypes[v] = var
+            self.entry_dtypes[v] = self._at_entry(f"{param}_dtype", f"{param}.dtype")
         return self.entry_dtypes[v]
 
     def _op_arguments(self) -> list:
