@@ -170,3 +170,24 @@ def test_a_sequential_whose_element_asks_for_sizes_is_a_class_that_passes_them()
         x = torch.randn(3, 3, 27, 16)
         want = module(x).numpy()
     np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-4, atol=1e-4)
+
+
+def test_every_axis_free_gets_a_budget_from_the_static_export(monkeypatch):
+    from flaxport.translate import capture, translate
+
+    budgets = []
+    real = capture._cpu_time_limit
+
+    def spy(seconds):
+        budgets.append(seconds)
+        return real(seconds)
+
+    monkeypatch.setattr(capture, "_cpu_time_limit", spy)
+    t = translate(Windows().eval(), torch.randn(2, 4, 8, 8), check=False)
+    static = t.plan.f64.export_seconds
+    assert static is not None and static > 0
+    assert budgets[0] == capture.dynamic_budget(static)
+    assert capture.dynamic_budget(0.1) == capture.DYNAMIC_EXPORT_FLOOR
+    assert capture.dynamic_budget(3.0) == 3.0 * capture.DYNAMIC_EXPORT_FACTOR
+    assert capture.dynamic_budget(100.0) == capture.DYNAMIC_EXPORT_SECONDS
+    assert capture.dynamic_budget(None) == capture.DYNAMIC_EXPORT_SECONDS

@@ -339,7 +339,8 @@ class BodyRenderer:
         for u in self.units:
             if u.kind == "update":
                 continue
-            named = [v for v in u.outputs if v not in self.inline and self._needs_name(v)]
+            named = [v for v in u.outputs if v not in self.inline and self._needs_name(v)
+                     and (u.kind != "call" or self.consumers.get(v))]  # a result no one reads: `_`
             if named:
                 groups.setdefault(u.key if u.key is not None else ("unit", u.index), []).append((u, named))
         for key, members in groups.items():
@@ -420,8 +421,8 @@ class BodyRenderer:
             if spec is not None and spec.core:  # LSTM / GRU: destructure (out, (h, c)) as torch returns it
                 self.lines.append(f"{self._destructure(spec, u)} = {expr.text}")
                 return
-            names = [self.names[v] for v in u.outputs]
-            if not names:
+            names = [self.names.get(v, "_") for v in u.outputs]
+            if not names or set(names) == {"_"}:
                 self.lines.append(expr.text)
             elif len(names) == 1:
                 self.lines.append(f"{names[0]} = {expr.text}")
@@ -573,6 +574,9 @@ class BodyRenderer:
             args.append(self.sym_expr(v).text if isinstance(v, str) else
                         self.value_as(v, self.plan.call_wanted(self.capture, u.frame, v)).text)
         self.current_unit = saved
+        # constants this call differs in from the module's other calls (classes.render_bodies)
+        args += [self.slot(value, name).text for value, name in
+                 self.plan.call_constants.values.get((self.capture.mode, u.frame.key), [])]
         attr = self.plan.attr_expr(self.path, u.frame.path)
         spec = self.plan._specs.get(u.frame.path)
         if spec is not None and spec.state > 1 and len(args) == 1 + spec.state:  # given its state: as one tuple

@@ -23,6 +23,7 @@ import inspect
 import io
 import operator
 import re
+import time
 import warnings
 
 from flaxport.port.weights import set_torch_mode
@@ -111,6 +112,7 @@ class Capture:
     module: object  # the module copy that was exported
     float_casts: dict = dataclasses.field(default_factory=dict)  # node_keys key -> dtype, casts that change it
     nodes_by_key: dict = dataclasses.field(default_factory=dict)  # node_keys key -> node (before dropping)
+    export_seconds: float | None = None  # CPU seconds torch.export took
 
     def node_frames(self) -> dict:
         """fx node -> the Frame it ran in."""
@@ -142,20 +144,32 @@ def _quiet():
 
 
 # CPU seconds torch.export may spend on symbolic sizes for every axis: window attention (DaViT,
-# Swin-V2, MaxViT, Hiera) makes its sympy reasoning grow without bound where the batch axis alone
-# is quick, so past this the export keeps only the batch axis free
+# Swin, MaxViT, Hiera) makes its sympy reasoning grow without bound where the batch axis alone
+# is quick, so past this the export keeps only the batch axis free. Where a static export of the
+# same forward was timed, the budget is DYNAMIC_EXPORT_FACTOR times that (at least
+# DYNAMIC_EXPORT_FLOOR): every axis free costs 1.5-4x a static export in the zoos where it ends
+# (ResNet, ViT, ConvNeXt, BERT, Llama, T5), and Swin's is still going at 20x.
 DYNAMIC_EXPORT_SECONDS = 60.0
+DYNAMIC_EXPORT_FACTOR = 6.0
+DYNAMIC_EXPORT_FLOOR = 10.0
 
 
-def export_program(module, args, kwargs, *, dynamic="all"):
+def dynamic_budget(static_seconds: float | None) -> float:
+    """CPU seconds for an export with every axis free, given a static export's (None: untimed)."""
+    if static_seconds is None:
+        return DYNAMIC_EXPORT_SECONDS
+    return min(DYNAMIC_EXPORT_SECONDS, max(DYNAMIC_EXPORT_FLOOR, DYNAMIC_EXPORT_FACTOR * static_seconds))
+
+
+def export_program(module, args, kwargs, *, dynamic="all", budget=DYNAMIC_EXPORT_SECONDS):
     """(ExportedProgram, which axes are free) of module(*args, **kwargs): "all" asks symbolic sizes
-    for every axis, "batch" for axis 0 only (also where "all" fails or runs past
-    DYNAMIC_EXPORT_SECONDS of CPU time), False (or where those fail) for none."""
+    for every axis, "batch" for axis 0 only (also where "all" fails or runs past `budget` CPU
+    seconds), False (or where those fail) for none."""
     with _quiet():
-        return _export_program(module, args, kwargs, dynamic=dynamic)
+        return _export_program(module, args, kwargs, dynamic=dynamic, budget=budget)
 
 
-def _export_program(module, args, kwargs, *, dynamic="all"):
+def _export_program(module, args, kwargs, *, dynamic="all", budget=DYNAMIC_EXPORT_SECONDS):
     import torch
     from torch.export import Dim, export
 
@@ -169,7 +183,7 @@ def _export_program(module, args, kwargs, *, dynamic="all"):
         fresh_args, fresh_kwargs = torch.utils._pytree.tree_map_only(
             torch.Tensor, torch.Tensor.clone, (tuple(args), dict(kwargs)))
         try:
-            with _cpu_time_limit(DYNAMIC_EXPORT_SECONDS if axes == "all" else None):
+            with _cpu_time_limit(budget if axes == "all" else None):
                 return export(module, fresh_args, fresh_kwargs, dynamic_shapes=shapes, strict=False), axes
         except Exception:  # noqa: BLE001 - some models only export with fewer symbolic sizes: try that next
             torch._dynamo.reset()
@@ -272,8 +286,11 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
         m = m.to(dtype)
         args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
         kwargs = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kwargs.items()}
+    started = time.process_time()
     with torch.no_grad():
-        program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic)
+        program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic,
+                                             budget=dynamic_budget(reference and reference.export_seconds))
+    export_seconds = time.process_time() - started
     graph = program.graph
     splice_regions(graph)
     placeholders, user_inputs = _placeholders(program)
@@ -283,9 +300,11 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
         functionalize(graph, placeholders)  # decompositions write in place too (out.clamp_min_(0))
     buffer_updates.update(running_statistics(graph, placeholders, m))
     keys = node_keys(graph)
+    for node, k in keys.items():
+        node.meta[KEY] = k
     nodes_by_key = {k: node for node, k in keys.items()}
     float_casts = {k: node.meta["val"].dtype for node, k in keys.items()
-                   if _is_cast(node) and not _same_dtype_and_layout(node)}
+                   if is_cast(node) and not _same_dtype_and_layout(node)}
     changing = reference.float_casts if reference is not None else {}
     twins = {node: reference.nodes_by_key.get(k) for node, k in keys.items()} if reference is not None else {}
     _drop_pass_through(graph, {node: changing[k] for node, k in keys.items() if k in changing}, twins)
@@ -294,7 +313,8 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
     outputs = list(output.args[0])
     root = build_frames(graph, m)
     return Capture("train" if train else "eval", program, graph, root, placeholders, user_inputs, names, access, outputs,
-                   program.call_spec.out_spec, buffer_updates, is_dynamic, m, float_casts, nodes_by_key)
+                   program.call_spec.out_spec, buffer_updates, is_dynamic, m, float_casts, nodes_by_key,
+                   export_seconds)
 
 
 def _placeholders(program):
@@ -589,6 +609,9 @@ def _resolve(node, replaced):
     return node
 
 
+KEY = "flaxport_key"  # node.meta entry holding the node's node_keys key
+
+
 def node_keys(graph) -> dict:
     """{op node: (module path, op, source line, occurrence)}: the same key in another capture of
     the same forward (the other mode, float64), where node names shift with the ops only one has."""
@@ -602,7 +625,13 @@ def node_keys(graph) -> dict:
     return keys
 
 
-def _is_cast(node) -> bool:
+def twin_key(node):
+    """The key that finds node's twin in another capture of the same forward: its node_keys key
+    (kept in its meta), the name for inputs, weights and buffers (the same in every capture)."""
+    return node.meta.get(KEY, ("name", node.name))
+
+
+def is_cast(node) -> bool:
     name = _target_name(node)
     return (name == "aten._to_copy.default" or name.startswith("aten.to.")) and bool(node.args)
 
@@ -619,7 +648,7 @@ def _drop_pass_through(graph, kept_casts: dict, twins: dict):
         elif name in PASS_THROUGH and node.args and hasattr(node.args[0], "op"):
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
-        elif _is_cast(node):
+        elif is_cast(node):
             if node in kept_casts:
                 node.meta["float64_capture_dtype"] = kept_casts[node]
                 if _same_dtype_and_layout(node):

@@ -7,12 +7,13 @@ calls first (they do not depend on classes), then constructors bottom-up (a pare
 from __future__ import annotations
 
 import difflib
+import inspect
 import keyword
 import math
 import re
 
 from flaxport.translate.body import BodyRenderer, _safe_name
-from flaxport.translate.plan import ClassDef, Instance, Line, ModeValue, keyed
+from flaxport.translate.plan import CallConstants, ClassDef, Instance, Line, ModeValue, keyed
 
 _MARK = re.compile("\x00(\\d+)\x00")
 RUNTIME_NAMES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
@@ -43,7 +44,18 @@ def _lines(body) -> list:
 
 
 def render_bodies(plan):
-    """Render every call of every generated (or Sequential-element) module, children first."""
+    """Render every call of every generated (or Sequential-element) module, children first. Where
+    a module's calls run the same code on other constants (`self.scale(x, 2.0)`, then 3.0), those
+    constants become arguments of its `__call__` and everything is rendered again, the callers
+    now passing them."""
+    _render_every_call(plan)
+    plan.call_constants = _constants_calls_differ_in(plan)
+    if plan.call_constants.params:
+        plan.bodies.clear()
+        _render_every_call(plan)
+
+
+def _render_every_call(plan):
     done = []
     for mode, capture in plan.captures.items():
         for frame in _postorder(capture.root):
@@ -67,9 +79,148 @@ def _render(plan, mode, capture, frame):
     plan.imports |= body.imports
 
 
+def _constants_calls_differ_in(plan) -> CallConstants:
+    """What a module's calls differ in, where they differ, made arguments of its `__call__`:
+    constants in the same code (`self.scale(x, 2.0)`, then 3.0: one parameter per vector of values
+    over the calls), or the code itself where an argument torch was called with tells the calls
+    apart (HF ModernBERT's rotary embedding reads `{layer_type}_inv_freq`: one branch per value)."""
+    found = CallConstants()
+    for path, kind in plan._kinds.items():
+        if kind != "generated":
+            continue
+        calls: dict = {}
+        for mode, frame in plan.frames_by_path.get(path, []):
+            body = plan.bodies.get((mode, frame.key))
+            if body is not None:
+                calls.setdefault(mode, []).append((frame, _lines(body), body.params))
+        if all(len(items) < 2 for items in calls.values()):
+            continue
+        arguments = _arguments_passed(plan, path, len(max(calls.values(), key=len)))
+        names: dict = {}  # value vector (or branching argument) -> parameter name, shared by the modes
+        passed: dict = {}  # (mode, frame key) -> {name: value}
+        for mode, items in calls.items():
+            params = items[0][2]
+            if len({tuple(x.text for x in lines) for _, lines, _ in items}) > 1:
+                arg = _branching_argument(items, arguments)
+                if arg is not None:
+                    names[("branch", arg)] = arg
+                    found.branches[(mode, path)] = arg
+                    for i, (frame, _, _) in enumerate(items):
+                        passed[(mode, frame.key)] = {arg: arguments[arg][i]}
+                continue
+            positions = {}
+            first = items[0][1]
+            for li, line in enumerate(first):
+                for si, (_, hint) in enumerate(line.slots):
+                    vector = tuple(_hashable(lines[li].slots[si][0]) for _, lines, _ in items)
+                    if len(set(vector)) == 1:
+                        continue
+                    if vector not in names:
+                        carried = [name for name, values in arguments.items() if values == vector]
+                        base = carried[0] if len(carried) == 1 else \
+                            _safe_name(hint) if hint and hint not in VAGUE_HINTS else "value"
+                        taken = set(names.values()) | set(params)
+                        names[vector] = next(n for n in [base, *(f"{base}{k}" for k in range(2, 1000))] if n not in taken)
+                    positions[(li, si)] = names[vector]
+            if positions:
+                found.positions[(mode, path)] = positions
+                for frame, lines, _ in items:
+                    passed[(mode, frame.key)] = {name: lines[li].slots[si][0] for (li, si), name in positions.items()}
+        every = set(names.values())
+        if every and all(set(passed.get((mode, f.key), {})) == every for mode, items in calls.items() for f, _, _ in items):
+            found.params[path] = list(names.values())
+            for key in [(mode, f.key) for mode, items in calls.items() for f, _, _ in items]:
+                found.values[key] = [(passed[key][n], n) for n in found.params[path]]
+        else:  # a mode that calls it once, or differently: left as it was (and refused, or disproved)
+            for mode in calls:
+                found.positions.pop((mode, path), None)
+                found.branches.pop((mode, path), None)
+    return found
+
+
+def _branching_argument(items, arguments) -> str | None:
+    """The argument whose value tells apart calls with different code (one value per code, each
+    code its own value), where the calls read the same inputs; None where there is none."""
+    if len({tuple(params) for _, _, params in items}) > 1 or not arguments:
+        return None
+    codes = [(tuple(x.text for x in lines), tuple(map(_hashable, (s[0] for x in lines for s in x.slots))))
+             for _, lines, _ in items]
+    for name, values in arguments.items():
+        if len(values) != len(codes):
+            continue
+        by_value = {}
+        for code, value in zip(codes, values):
+            by_value.setdefault(value, set()).add(code)
+        if all(len(c) == 1 for c in by_value.values()) and len({next(iter(c)) for c in by_value.values()}) == len(by_value):
+            return name
+    return None
+
+
+def _arguments_passed(plan, path, calls: int) -> dict:
+    """{forward parameter: (value per call)} of the literals (numbers, strings, None, tuples) the
+    module at path is called with, from one eager run of the model in eval mode: a constant that
+    differs between calls takes the name of the argument that carried it (`factor`), and calls
+    with different code branch on the argument that tells them apart (`layer_type`)."""
+    import copy
+
+    import torch
+
+    from flaxport.port.weights import set_torch_mode
+
+    shared = {id(t): t for t in [*plan.module.parameters(), *plan.module.buffers()]}
+    model = set_torch_mode(copy.deepcopy(plan.module, shared), False)
+    target = dict(model.named_modules(remove_duplicate=False))[path]
+    signature = inspect.signature(type(target).forward)
+    seen = []
+
+    def record(module, args, kwargs):
+        try:
+            bound = signature.bind(module, *args, **kwargs).arguments
+        except TypeError:
+            return
+        seen.append({k: _hashable(v) for k, v in bound.items() if _is_literal(v)})
+
+    hook = target.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(*plan.example[0], **plan.example[1])
+    except Exception:  # noqa: BLE001 - names only: a model that will not run again keeps neutral names
+        return {}
+    finally:
+        hook.remove()
+    if len(seen) != calls:
+        return {}
+    return {k: tuple(s.get(k) for s in seen) for k in seen[0] if all(k in s for s in seen)}
+
+
+def _is_literal(value) -> bool:
+    """A value generated code writes as itself: numbers, strings, None and tuples of them."""
+    if isinstance(value, (list, tuple)):
+        return all(_is_literal(v) for v in value)
+    return value is None or isinstance(value, (int, float, str))
+
+
+def _as_parameters(lines, positions: dict) -> list:
+    """Lines with the slots at positions ({(line, slot): name}) written as the parameter's name."""
+    out = []
+    for li, line in enumerate(lines):
+        kept = []
+
+        def sub(m):
+            si = int(m.group(1))
+            if (li, si) in positions:
+                return positions[(li, si)]
+            kept.append(line.slots[si])
+            return f"\x00{len(kept) - 1}\x00"
+
+        out.append(Line(_MARK.sub(sub, line.text), tuple(kept)))
+    return out
+
+
 def _mode_bodies(plan, path):
-    """{mode: [Line]} of the module's first call in each mode, checking repeated calls agree."""
-    out = {}
+    """{mode: [Line]} of the module's calls in each mode: one code, checked to agree over the
+    calls, or one branch per value of the argument that tells them apart (CallConstants)."""
+    calls: dict = {}
     params = None
     training = False
     for mode, frame in plan.frames_by_path.get(path, []):
@@ -77,15 +228,36 @@ def _mode_bodies(plan, path):
         if body is None:
             continue
         lines = _lines(body)
+        positions = plan.call_constants.positions.get((mode, path))
+        if positions:
+            lines = _as_parameters(lines, positions)
         training |= body.needs_training
-        if mode in out:
-            if [line.text for line in lines] != [line.text for line in out[mode]]:
-                plan.problems.append((f"{type(plan.modules[path]).__name__} called twice with different code",
-                                      path, ""))
-            continue
-        out[mode] = lines
+        calls.setdefault(mode, []).append((frame, lines))
         params = params or body.params
-    return out, params or [], training
+    out = {}
+    for mode, items in calls.items():
+        arg = plan.call_constants.branches.get((mode, path))
+        if arg is not None:
+            out[mode] = _branches(arg, [(dict((n, v) for v, n in plan.call_constants.values[(mode, f.key)])[arg], lines)
+                                        for f, lines in items])
+            continue
+        out[mode] = items[0][1]
+        if any([x.text for x in lines] != [x.text for x in out[mode]] for _, lines in items):
+            plan.problems.append((f"{type(plan.modules[path]).__name__} called twice with different code", path, ""))
+    return out, (params or []) + plan.call_constants.params.get(path, []), training
+
+
+def _branches(arg, calls) -> list:
+    """`if layer_type == "full_attention": ... elif ...` over [(argument value, Lines)]."""
+    codes: dict = {}
+    for value, lines in calls:
+        codes.setdefault(_hashable(value), (value, lines))
+    out = []
+    for k, (value, lines) in enumerate(codes.values()):
+        test = "is" if value is None or isinstance(value, bool) else "=="
+        out.append(Line(f"{'if' if k == 0 else 'elif'} {arg} {test} \x000\x00:", ((value, arg),)))
+        out += [Line("    " + line.text, line.slots) for line in lines]
+    return out
 
 
 def merge_modes(bodies: dict):
@@ -108,15 +280,21 @@ def merge_modes(bodies: dict):
             continue
         training = True
         t_block, e_block = tr[j1:j2], ev[i1:i2]
+        # at the blocks' own depth: inside a branch of the code (classes._branches) they are indented
+        pad = min((len(x.text) - len(x.text.lstrip(" ")) for x in t_block + e_block), default=0) * " "
+
+        def nested(lines):
+            return [Line(pad + "    " + line.text[len(pad):], line.slots) for line in lines]
+
         if t_block:
-            out.append(Line("if self.training:", ()))
-            out += [Line("    " + line.text, line.slots) for line in t_block]
+            out.append(Line(pad + "if self.training:", ()))
+            out += nested(t_block)
             if e_block:
-                out.append(Line("else:", ()))
-                out += [Line("    " + line.text, line.slots) for line in e_block]
+                out.append(Line(pad + "else:", ()))
+                out += nested(e_block)
         else:
-            out.append(Line("if not self.training:", ()))
-            out += [Line("    " + line.text, line.slots) for line in e_block]
+            out.append(Line(pad + "if not self.training:", ()))
+            out += nested(e_block)
     return out, training
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import Counter
 
 from flaxport.translate import capture as cap
 from flaxport.translate import layers as layer_table
@@ -65,6 +66,16 @@ class Instance:
 
 
 @dataclasses.dataclass
+class CallConstants:
+    """Constants a module's calls differ in, passed as arguments (classes._constants_calls_differ_in)."""
+
+    params: dict = dataclasses.field(default_factory=dict)  # path -> the parameter names, in order
+    positions: dict = dataclasses.field(default_factory=dict)  # (mode, path) -> {(line, slot): name}
+    values: dict = dataclasses.field(default_factory=dict)  # (mode, frame key) -> [(value, name)]
+    branches: dict = dataclasses.field(default_factory=dict)  # (mode, path) -> the argument calls branch on
+
+
+@dataclasses.dataclass
 class ClassDef:
     name: str
     torch_class: type
@@ -75,8 +86,9 @@ class ClassDef:
 
 
 class Plan:
-    def __init__(self, module, captures: dict, f64=None, layout: str = "nchw"):
+    def __init__(self, module, captures: dict, f64=None, layout: str = "nchw", example=((), {})):
         self.module = module
+        self.example = example  # (args, kwargs) the module was captured with
         self.layout_mode = layout
         self.captures = captures  # mode -> Capture, the module's own mode first
         self.f64 = f64
@@ -90,6 +102,7 @@ class Plan:
                     self.frames_by_path.setdefault(path, []).append((mode, frame))
         self._aliases = _aliases(module)  # tied weights: every name of one tensor
         self._io: dict = {}
+        self._calls: dict = {}  # id(capture) -> _calls_by_home
         self._eval_frames = {f.key: f for f in captures["eval"].root.walk()} if "eval" in captures else {}
         self._extra_syms: dict = {}
         self._size_exprs: dict = {}  # text -> sympy expression of the sizes calls ask for
@@ -97,9 +110,11 @@ class Plan:
         self._specs: dict = {}
         self._synth: dict = {}
         self._const_names: dict = {}
-        self._by_name = {mode: {n.name: n for n in c.graph.nodes} for mode, c in captures.items()}
-        self._f64_by_name = {n.name: n for n in f64.graph.nodes} if f64 is not None else {}
+        # twins (one op in other captures of the forward) by key: node names shift between modes
+        self._by_key = {mode: {cap.twin_key(n): n for n in c.graph.nodes} for mode, c in captures.items()}
+        self._f64_by_key = {cap.twin_key(n): n for n in f64.graph.nodes} if f64 is not None else {}
         self.problems: list = []  # (op, module path, source)
+        self.call_constants = CallConstants()
         self.helpers: set = set()
         self.imports: set = set()
         self.bodies: dict = {}  # (mode, frame key) -> Body
@@ -329,6 +344,21 @@ class Plan:
             outputs = [o for o in capture.outputs if hasattr(o, "op")]
             self._io[key] = (list(capture.user_inputs), list(dict.fromkeys(outputs)))
             return self.io(frame)
+        inputs, outputs, sizes = self._reads_and_results(frame, capture)
+        outputs = self._results_of_every_call(frame, capture, outputs)
+        if self.f64 is not None and capture is self.f64:
+            outputs = self._in_translation_order(frame, outputs)
+        spec = self._specs.get(frame.path)
+        if spec is not None and spec.core:
+            inputs = self._layer_inputs(frame, spec, inputs)
+        else:
+            inputs += self._sizes_passed_in(frame, inputs, sizes)
+        self._io[key] = (inputs, outputs)
+        return self.io(frame)
+
+    def _reads_and_results(self, frame, capture):
+        """(inputs, outputs, sizes) of one call: what it reads from outside, what is read of it
+        outside, and the sizes its own code reads."""
         inside = set(frame.all_nodes())
         inputs, outputs, sizes = [], [], []
         own = set(self._own_nodes(frame))  # sizes a child's own code reads are its to ask for
@@ -349,35 +379,53 @@ class Plan:
             if any(u not in inside and not cap.is_sym(u) for u in node.users) or node in graph_outputs:
                 if not (cap.is_sym(node)):
                     outputs.append(node)
-        if self.f64 is not None and capture is self.f64:
-            outputs = self._in_translation_order(frame, outputs)
-        spec = self._specs.get(frame.path)
-        if spec is not None and spec.core:
-            inputs = self._layer_inputs(frame, spec, inputs)
-        else:
-            inputs += self._sizes_passed_in(frame, inputs, sizes)
-        self._io[key] = (inputs, outputs)
-        return self.io(frame)
+        return inputs, outputs, sizes
+
+    def _results_of_every_call(self, frame, capture, outputs) -> list:
+        """What every call of the module returns: each call's callers may read less of it (RAFT's
+        update block returns the hidden state and the flow; after the last iteration only the flow
+        is read), and one class has one `return`. Calls are matched op by op; a call whose ops
+        differ is left to disagree (and is refused as such)."""
+        home = self.shared.get(frame.path, [frame.path])[0]
+        calls = self._calls_by_home(capture).get(home, [])
+        if len(calls) < 2:
+            return outputs
+        mine = list(frame.all_nodes())
+        wanted = {mine.index(n) for n in outputs}
+        for other in calls:
+            theirs = list(other.all_nodes())
+            if other is frame or [n.target for n in theirs] != [n.target for n in mine]:
+                continue
+            wanted |= {theirs.index(n) for n in self._reads_and_results(other, capture)[1]}
+        return [mine[i] for i in sorted(wanted)]
+
+    def _calls_by_home(self, capture) -> dict:
+        """{first path of a module: its calls in capture}, cached per capture."""
+        found = self._calls.get(id(capture))
+        if found is None:
+            found = {}
+            for f in capture.root.walk():
+                if f.parent is not None:
+                    found.setdefault(self.shared.get(f.path, [f.path])[0], []).append(f)
+            self._calls[id(capture)] = found
+        return found
 
     def _in_translation_order(self, frame, outputs) -> list:
         """A float64 call's outputs in the order the translation returns them (its eval-mode twin's):
         a cast made only in float64 (`return cos.to(x.dtype), sin.to(x.dtype)` after computing sin
         first) puts them in another order than the graph of the float32 capture."""
-        import torch
-
         twin = self._eval_frames.get(frame.key)
         if twin is None:
             return outputs
-        want = [n.name for n in self.io(twin)[1]]
+        want = [cap.twin_key(n) for n in self.io(twin)[1]]
 
-        def name(node):
-            if node.name not in want and node.target in (torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype) \
-                    and hasattr(node.args[0], "name"):
-                return node.args[0].name
-            return node.name
+        def key(node):
+            if cap.twin_key(node) not in want and cap.is_cast(node) and hasattr(node.args[0], "meta"):
+                return cap.twin_key(node.args[0])
+            return cap.twin_key(node)
 
-        names = [name(n) for n in outputs]
-        return [outputs[names.index(w)] for w in want] if sorted(names) == sorted(want) else outputs
+        keys = [key(n) for n in outputs]
+        return [outputs[keys.index(w)] for w in want] if Counter(keys) == Counter(want) else outputs
 
     def _own_nodes(self, frame):
         """The nodes this call's own body renders: its own, and those of the parameter-free
@@ -579,11 +627,11 @@ class Plan:
 
     # ------------------------------------------------------------------ twins (other captures)
     def twin(self, capture, node):
-        """The node of the same name in the other mode's capture (None if absent or another op)."""
-        for mode, by_name in self._by_name.items():
+        """The same op in the other mode's capture (None if it has none)."""
+        for mode, by_key in self._by_key.items():
             if mode == capture.mode:
                 continue
-            other = by_name.get(node.name)
+            other = by_key.get(cap.twin_key(node))
             if other is not None and other.target == node.target:
                 return other
         return None
@@ -620,7 +668,7 @@ class Plan:
             if not same_mode:
                 (inputs if v in body.inputs else others).append(v)
                 continue
-            t = self._f64_by_name.get(v.name)
+            t = self._f64_by_key.get(cap.twin_key(v))
             if t is not None and str(t.meta.get("val").dtype) == str(twin_dtype):
                 ref = body.dtype_of(v)
                 if ref is not None:
@@ -631,12 +679,8 @@ class Plan:
         return next((ref for ref in refs if ref is not None), None)
 
     def _float64_dtype(self, capture, node):
-        """The dtype node has in the float64 capture (through the other mode's twin by name), or None."""
-        if capture.mode != self.f64.mode:
-            node = self.twin(capture, node)
-            if node is None:
-                return None
-        t = self._f64_by_name.get(node.name)
+        """The dtype node has in the float64 capture, or None."""
+        t = self._f64_by_key.get(cap.twin_key(node))
         return getattr(t.meta.get("val"), "dtype", None) if t is not None else None
 
     def _float_parameter(self, path) -> str | None:

@@ -658,7 +658,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     try:
         torch_out = run(torch_module, args, kwargs, _recording(draws))
     except RuntimeError as e:
-        if not f64:
+        if not f64 or not any(word in str(e) for word in ("Double", "float64")):
             raise
         # a kernel torch has no float64 form of (grouped_mm on a CPU, which a mixture of experts calls
         # in eager mode): both sides in float32, at float32's tolerance

@@ -79,7 +79,7 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "native",
                 raise
             notes.append(f"{mode} mode could not be captured ({e}); the model is translated in {primary} mode only")
     captures = dict(sorted(captures.items(), key=lambda kv: kv[0] != "eval"))
-    plan = Plan(module, captures, f64, layout=layout)
+    plan = Plan(module, captures, f64, layout=layout, example=(args, kwargs))
     build_classes(plan)
     if plan.problems:
         raise UnsupportedOpsError(plan.problems)

@@ -113,6 +113,12 @@ def sym_stride(c, node):
     return call("math.prod", Expr(f"{x.at(ATOM)}.shape[{dim + 1}:]"))
 
 
+@op("aten.sym_is_contiguous.default")
+def sym_is_contiguous(c, node):
+    """A JAX array is always laid out as a contiguous tensor (sym_stride reads those strides)."""
+    return Expr("True")
+
+
 @op("aten.sym_storage_offset.default")
 def sym_storage_offset(c, node):
     return Expr("0")

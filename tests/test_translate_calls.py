@@ -1,0 +1,125 @@
+"""A module called more than once is one class with one `return`: each call returns what any
+call's caller reads (RAFT's update block returns the hidden state and the flow; after the last
+iteration only the flow is read), and a result no caller reads is bound to `_`."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+from torch import nn  # noqa: E402
+
+
+class Update(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, hidden, x):
+        hidden = torch.tanh(self.gru(hidden) + x)
+        return hidden, self.head(hidden)
+
+
+class Refine(nn.Module):
+    def __init__(self, iterations=3):
+        super().__init__()
+        self.update = Update()
+        self.iterations = iterations
+
+    def forward(self, x):
+        hidden, flows = torch.zeros_like(x), []
+        for _ in range(self.iterations):
+            hidden, flow = self.update(hidden, x)
+            flows.append(flow)
+        return torch.stack(flows)
+
+
+def test_the_last_call_reading_less_is_the_same_class():
+    from flaxport.translate import translate
+
+    module = Refine().eval()
+    t = translate(module, torch.randn(2, 8))
+    assert t.report.ok, str(t.report)
+    update = t.source[t.source.index("class Update("):t.source.index("class Refine(")]
+    assert update.count("return ") == 1, update
+    call_lines = [line.strip() for line in t.source.splitlines() if "self.update(" in line]
+    assert len(call_lines) == 3
+    assert call_lines[-1].startswith("_, "), call_lines  # the last hidden state: read by no one
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-5, atol=1e-5)
+
+
+class Affine(nn.Module):
+    def forward(self, x, scale, shift):
+        return x * scale + shift
+
+
+class TwoAffines(nn.Module):
+    """One parameter-free module called with other numbers each time, in both modes."""
+
+    def __init__(self):
+        super().__init__()
+        self.affine = Affine()
+        self.lin = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x):
+        return self.affine(self.drop(self.lin(x)), 2.0, 0.5) + self.affine(x, 3.0, 0.5) * self.affine(x, 3.0, -1.0)
+
+
+def test_constants_the_calls_differ_in_are_arguments_named_as_in_torch():
+    from flaxport.translate import translate
+
+    module = TwoAffines().eval()
+    t = translate(module, torch.randn(2, 4))
+    assert t.report.ok, str(t.report)
+    assert "def __call__(self, x, scale, shift):" in t.source
+    assert "return x * scale + shift" in t.source
+    top = " ".join(t.source[t.source.index("class TwoAffines("):].split())
+    for call in ("self.affine(self.drop(self.lin(x)), 2.0, 0.5)", "self.affine(x, 3.0, 0.5)", "self.affine(x, 3.0, -1.0)"):
+        assert call in top.replace("( ", "(").replace(" )", ")"), top[:600]
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-5, atol=1e-5)
+
+
+class Rotary(nn.Module):
+    """Reads another buffer per call, chosen by a string argument (HF ModernBERT's rotary embedding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("full_inv_freq", torch.rand(4), persistent=False)
+        self.register_buffer("sliding_inv_freq", torch.rand(4))
+
+    def forward(self, x, layer_type):
+        return x * getattr(self, f"{layer_type}_inv_freq")
+
+
+class Layers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rotary = Rotary()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.rotary(self.lin(x), "full") + self.rotary(x, "sliding") * self.rotary(x, "full")
+
+
+def test_calls_with_different_code_branch_on_the_argument_that_chose_it():
+    from flaxport.translate import translate
+
+    module = Layers().eval()
+    t = translate(module, torch.randn(2, 4))
+    assert t.report.ok, str(t.report)
+    rotary = t.source[t.source.index("class Rotary("):t.source.index("class Layers(")]
+    assert "def __call__(self, x, layer_type):" in rotary
+    assert 'if layer_type == "full":' in rotary and 'elif layer_type == "sliding":' in rotary, rotary
+    assert 'self.rotary(x, "sliding")' in t.source
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-5, atol=1e-5)
