@@ -191,3 +191,26 @@ def test_every_axis_free_gets_a_budget_from_the_static_export(monkeypatch):
     assert capture.dynamic_budget(3.0) == 3.0 * capture.DYNAMIC_EXPORT_FACTOR
     assert capture.dynamic_budget(100.0) == capture.DYNAMIC_EXPORT_SECONDS
     assert capture.dynamic_budget(None) == capture.DYNAMIC_EXPORT_SECONDS
+
+
+class PerExample(nn.Module):
+    """torch.vmap inside forward (HF Gemma4's audio tower, NVIDIA's streaming ASR encoders)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        scores = torch.vmap(lambda a, b: (a * b).sum(0) + a.max())(self.proj(x), y)
+        return torch.nn.functional.gelu(x) * scores[:, None]
+
+
+def test_vmap_in_forward_becomes_batched_ops():
+    from flaxport.translate import translate
+
+    module = PerExample().eval()
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    t = translate(module, x, y)
+    assert t.report.ok, str(t.report)
+    assert "vmap" not in t.source and "batch_dim" not in t.source
+    assert "self.proj(x)" in t.source

@@ -291,6 +291,12 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
         program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic,
                                              budget=dynamic_budget(reference and reference.export_seconds))
     export_seconds = time.process_time() - started
+    if any(n.op == "call_function" and getattr(n.target, "__module__", "") == "torch._functorch.predispatch"
+           for n in program.graph.nodes):
+        # torch.vmap inside forward is captured as batch-dim markers around per-example ops; an
+        # empty decomposition table applies torch's batching rules and keeps every other op as it is
+        with torch.no_grad():
+            program = program.run_decompositions({})
     graph = program.graph
     splice_regions(graph)
     placeholders, user_inputs = _placeholders(program)
