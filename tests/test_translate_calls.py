@@ -123,3 +123,34 @@ def test_calls_with_different_code_branch_on_the_argument_that_chose_it():
     with torch.no_grad():
         want = module(x).numpy()
     np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-5, atol=1e-5)
+
+
+class Grid(nn.Module):
+    """A position grid from the input's size: torch.export keeps the size symbolic for a 4x4 map
+    and fixes it for a 1x1 one (DETR's sine position embedding over its smallest feature map)."""
+
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        return x + torch.arange(h, dtype=x.dtype)[:, None] * 0.5 + torch.arange(w, dtype=x.dtype)[None, :]
+
+
+class TwoMaps(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.grid = Grid()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, big, small):
+        return self.grid(self.conv(big)).mean((2, 3)) + self.grid(small).mean((2, 3))
+
+
+def test_calls_with_different_code_and_nothing_to_tell_them_apart_are_numbered():
+    from flaxport.translate import translate
+
+    module = TwoMaps().eval()
+    t = translate(module, torch.randn(2, 3, 4, 4), torch.randn(2, 3, 1, 1))
+    assert t.report.ok, str(t.report)
+    grid = t.source[t.source.index("class Grid("):t.source.index("class TwoMaps(")]
+    assert "def __call__(self, x, variant):" in grid and "elif variant == 1:" in grid, grid
+    top = " ".join(t.source[t.source.index("class TwoMaps("):].split())
+    assert "self.grid(small, 1)" in top

@@ -103,10 +103,19 @@ def _constants_calls_differ_in(plan) -> CallConstants:
             if len({tuple(x.text for x in lines) for _, lines, _ in items}) > 1:
                 arg = _branching_argument(items, arguments)
                 if arg is not None:
-                    names[("branch", arg)] = arg
-                    found.branches[(mode, path)] = arg
-                    for i, (frame, _, _) in enumerate(items):
-                        passed[(mode, frame.key)] = {arg: arguments[arg][i]}
+                    chosen = arguments[arg]
+                elif len({tuple(p) for _, _, p in items}) == 1:
+                    # nothing the calls were given tells them apart (torch.export fixed a size in one
+                    # call and not in another): each code is numbered, and each call passes its number
+                    codes = [_code(lines) for _, lines, _ in items]
+                    arg = next(n for n in ("variant", "variant_", "code_variant") if n not in params)
+                    chosen = [list(dict.fromkeys(codes)).index(code) for code in codes]
+                else:
+                    continue
+                names[("branch", arg)] = arg
+                found.branches[(mode, path)] = arg
+                for i, (frame, _, _) in enumerate(items):
+                    passed[(mode, frame.key)] = {arg: chosen[i]}
                 continue
             positions = {}
             first = items[0][1]
@@ -138,13 +147,17 @@ def _constants_calls_differ_in(plan) -> CallConstants:
     return found
 
 
+def _code(lines) -> tuple:
+    """What makes two renderings of a call the same code: their text and their constants."""
+    return tuple(x.text for x in lines), tuple(map(_hashable, (s[0] for x in lines for s in x.slots)))
+
+
 def _branching_argument(items, arguments) -> str | None:
     """The argument whose value tells apart calls with different code (one value per code, each
     code its own value), where the calls read the same inputs; None where there is none."""
     if len({tuple(params) for _, _, params in items}) > 1 or not arguments:
         return None
-    codes = [(tuple(x.text for x in lines), tuple(map(_hashable, (s[0] for x in lines for s in x.slots))))
-             for _, lines, _ in items]
+    codes = [_code(lines) for _, lines, _ in items]
     for name, values in arguments.items():
         if len(values) != len(codes):
             continue
