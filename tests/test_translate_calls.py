@@ -154,3 +154,14 @@ def test_calls_with_different_code_and_nothing_to_tell_them_apart_are_numbered()
     assert "def __call__(self, x, variant):" in grid and "elif variant == 1:" in grid, grid
     top = " ".join(t.source[t.source.index("class TwoMaps("):].split())
     assert "self.grid(small, 1)" in top
+
+
+def test_calls_that_agree_run_the_model_no_extra_time(monkeypatch):
+    from flaxport.translate import classes, translate
+
+    def never(*args):
+        raise AssertionError("an eager run for calls that agree")
+
+    monkeypatch.setattr(classes, "_arguments_passed", never)
+    t = translate(Refine().eval(), torch.randn(2, 8), check=False)
+    assert t.source.count("self.update(") == 3

@@ -95,6 +95,10 @@ def _constants_calls_differ_in(plan) -> CallConstants:
                 calls.setdefault(mode, []).append((frame, _lines(body), body.params))
         if all(len(items) < 2 for items in calls.values()):
             continue
+        differ = [mode for mode, items in calls.items() if len({_code(lines) for _, lines, _ in items}) > 1]
+        if not differ:
+            continue
+        # one eager run of the model, for modules whose calls differ only
         arguments = _arguments_passed(plan, path, len(max(calls.values(), key=len)))
         names: dict = {}  # value vector (or branching argument) -> parameter name, shared by the modes
         passed: dict = {}  # (mode, frame key) -> {name: value}
