@@ -110,7 +110,9 @@ def prove(t, module, atol: float = ATOL, rtol: float = RTOL) -> ProofReport:
                                        f"float64 gives {row.not_finite}")
     if _runs_native_kernels(t, module):
         for row, figure in zip(rows64, float32):
-            if row.ok and figure is not None and not figure[1] <= NATIVE_FLOAT32_RTOL:
+            # relative to max|torch|, over the proof's absolute tolerance: a layer whose exact output
+            # is zero (GroupNorm over a 1x1 map) has float32 rounding as large as its values
+            if row.ok and figure is not None and not figure[1] <= NATIVE_FLOAT32_RTOL and figure[0] > atol:
                 row.ok = False
                 row.note = (f"float32 off by {figure[1]:.2g} x max|torch| on flaxport's kernels "
                             f"(over {NATIVE_FLOAT32_RTOL:g})")
