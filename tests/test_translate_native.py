@@ -146,3 +146,19 @@ def test_the_translate_benchmark_times_every_model_and_they_agree(tmp_path):
              "translated (nhwc)", "hand-written (native conv)", "hand-written (xla conv)"}
     assert set(figures["median_ms"]) == names and all(ms > 0 for ms in figures["median_ms"].values())
     assert max(figures["max_abs_output_difference"].values()) < 1e-5
+
+
+def test_the_kernels_check_allows_float32_rounding_as_the_model_amplifies_it():
+    """The float32 figure of a row is judged against rounding: relative to max|torch|, over the
+    absolute tolerance, and scaled by what the float64 column shows the model doing to rounding."""
+    from types import SimpleNamespace
+
+    from flaxport.translate.proof import ATOL, native_kernel_fault
+
+    exact = SimpleNamespace(max_rel=1e-16)
+    assert "on flaxport's kernels" in native_kernel_fault(exact, (0.01, 0.01), ATOL)  # a kernel 1% off
+    assert native_kernel_fault(exact, (1e-7, 0.5), ATOL) == ""  # zero output: rounding only
+    assert native_kernel_fault(exact, (1e-6, 1e-6), ATOL) == ""
+    amplifying = SimpleNamespace(max_rel=5e-11)  # MobileNetV2's ReLU6 stack in float64
+    assert native_kernel_fault(amplifying, (0.002, 0.0012), ATOL) == ""
+    assert "on flaxport's kernels" in native_kernel_fault(amplifying, (0.9, 0.9), ATOL)

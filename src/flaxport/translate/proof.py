@@ -41,6 +41,10 @@ ATOL = RTOL = 1e-5
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 # float32 rounding is ~1e-6 of max|torch|; a kernel that computes something else is off by order 1
 NATIVE_FLOAT32_RTOL = 1e-3
+# float32's unit roundoff over float64's (2^-24 / 2^-53), times 10: what the float64 column's
+# difference becomes in float32 where the model itself amplifies rounding (MobileNetV2's deep
+# ReLU6 stack: 4.9e-11 in float64)
+ROUNDING_FLOAT32_OVER_FLOAT64 = 10 * 2.0 ** 29
 # check_train where torch has no float64 kernel: a train forward in float32 rounds to ~1e-6 of max|torch|
 FLOAT32_TOLERANCE = 1e-4
 
@@ -110,13 +114,24 @@ def prove(t, module, atol: float = ATOL, rtol: float = RTOL) -> ProofReport:
                                        f"float64 gives {row.not_finite}")
     if _runs_native_kernels(t, module):
         for row, figure in zip(rows64, float32):
-            # relative to max|torch|, over the proof's absolute tolerance: a layer whose exact output
-            # is zero (GroupNorm over a 1x1 map) has float32 rounding as large as its values
-            if row.ok and figure is not None and not figure[1] <= NATIVE_FLOAT32_RTOL and figure[0] > atol:
-                row.ok = False
-                row.note = (f"float32 off by {figure[1]:.2g} x max|torch| on flaxport's kernels "
-                            f"(over {NATIVE_FLOAT32_RTOL:g})")
+            note = native_kernel_fault(row, figure, atol)
+            if row.ok and note:
+                row.ok, row.note = False, note
     return ProofReport(rows64, atol, rtol, float32, "float64", notes)
+
+
+def native_kernel_fault(row, figure, atol) -> str:
+    """Why a float64 row's float32 figure (max_abs, max_rel) says flaxport's kernels compute
+    something else ("" where it does not): off relative to max|torch|, over the proof's absolute
+    tolerance (a layer whose exact output is zero, GroupNorm over a 1x1 map, has float32 rounding
+    as large as its values), and over what float32 rounding gives where the float64 column
+    already shows the model amplifying rounding."""
+    if figure is None:
+        return ""
+    allowed = max(NATIVE_FLOAT32_RTOL, ROUNDING_FLOAT32_OVER_FLOAT64 * row.max_rel)
+    if figure[1] <= allowed or figure[0] <= atol:
+        return ""
+    return f"float32 off by {figure[1]:.2g} x max|torch| on flaxport's kernels (over {allowed:.2g})"
 
 
 def _runs_native_kernels(t, module) -> bool:
