@@ -109,6 +109,23 @@ class Layers(nn.Module):
         return self.rotary(self.lin(x), "full") + self.rotary(x, "sliding") * self.rotary(x, "full")
 
 
+class Resize(nn.Module):
+    """Called with a target size taken from a tensor's shape (HF Mask2Former's mask predictor)."""
+
+    def forward(self, x, size):
+        y = nn.functional.interpolate(x, size=size, mode="nearest")
+        return y.sum((2, 3)) if size[0] < 4 else y.mean((2, 3))
+
+
+class Pyramid(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.resize = Resize()
+
+    def forward(self, x, small, large):
+        return self.resize(x, small.shape[-2:]) + self.resize(x, large.shape[-2:])
+
+
 def test_calls_with_different_code_branch_on_the_argument_that_chose_it():
     from flaxport.translate import translate
 
@@ -165,3 +182,14 @@ def test_calls_that_agree_run_the_model_no_extra_time(monkeypatch):
     monkeypatch.setattr(classes, "_arguments_passed", never)
     t = translate(Refine().eval(), torch.randn(2, 8), check=False)
     assert t.source.count("self.update(") == 3
+
+
+def test_a_branching_argument_taken_from_a_shape_is_written_as_a_tuple():
+    from flaxport.translate import translate
+
+    module = Pyramid().eval()
+    x, small, large = torch.randn(2, 3, 4, 4), torch.randn(2, 1, 2, 2), torch.randn(2, 1, 8, 8)
+    t = translate(module, x, small, large)
+    assert t.report.ok, str(t.report)
+    resize = t.source.split("class Resize(")[1].split("def read_safetensors")[0]
+    assert "torch.Size" not in t.source and "if size_value == (2, 2):" in resize, resize

@@ -116,10 +116,12 @@ def _constants_calls_differ_in(plan) -> CallConstants:
                     chosen = [list(dict.fromkeys(codes)).index(code) for code in codes]
                 else:
                     continue
-                names[("branch", arg)] = arg
-                found.branches[(mode, path)] = arg
+                # the argument's own name, unless a size read from it already is a parameter
+                name = names.get(("branch", arg)) or (arg if arg not in params else f"{arg}_value")
+                names[("branch", arg)] = name
+                found.branches[(mode, path)] = name
                 for i, (frame, _, _) in enumerate(items):
-                    passed[(mode, frame.key)] = {arg: chosen[i]}
+                    passed[(mode, frame.key)] = {name: chosen[i]}
                 continue
             positions = {}
             first = items[0][1]
@@ -195,7 +197,7 @@ def _arguments_passed(plan, path, calls: int) -> dict:
             bound = signature.bind(module, *args, **kwargs).arguments
         except TypeError:
             return
-        seen.append({k: _hashable(v) for k, v in bound.items() if _is_literal(v)})
+        seen.append({k: _plain(v) for k, v in bound.items() if _is_literal(v)})
 
     hook = target.register_forward_pre_hook(record, with_kwargs=True)
     try:
@@ -208,6 +210,13 @@ def _arguments_passed(plan, path, calls: int) -> dict:
     if len(seen) != calls:
         return {}
     return {k: tuple(s.get(k) for s in seen) for k in seen[0] if all(k in s for s in seen)}
+
+
+def _plain(value):
+    """A literal as the generated code writes it: torch.Size (a tuple) as a tuple."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    return _hashable(value)
 
 
 def _is_literal(value) -> bool:
