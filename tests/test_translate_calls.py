@@ -174,12 +174,12 @@ def test_calls_with_different_code_and_nothing_to_tell_them_apart_are_numbered()
 
 
 def test_calls_that_agree_run_the_model_no_extra_time(monkeypatch):
-    from flaxport.translate import classes, translate
+    from flaxport.translate import calls, translate
 
     def never(*args):
         raise AssertionError("an eager run for calls that agree")
 
-    monkeypatch.setattr(classes, "_arguments_passed", never)
+    monkeypatch.setattr(calls, "_arguments_passed", never)
     t = translate(Refine().eval(), torch.randn(2, 8), check=False)
     assert t.source.count("self.update(") == 3
 

@@ -7,15 +7,14 @@ calls first (they do not depend on classes), then constructors bottom-up (a pare
 from __future__ import annotations
 
 import difflib
-import inspect
 import keyword
-import math
 import re
 
+from flaxport.translate import calls
 from flaxport.translate.body import BodyRenderer, _safe_name
-from flaxport.translate.plan import CallConstants, ClassDef, Instance, Line, ModeValue, keyed
+from flaxport.translate.plan import (MARK, VAGUE_HINTS, ClassDef, Instance, Line, ModeValue, body_lines, hashable,
+                                     keyed)
 
-_MARK = re.compile("\x00(\\d+)\x00")
 RUNTIME_NAMES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
                  "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "Embedding", "LSTM", "GRU",
                  "RNN", "Buffer", "TorchModule", "Model"}
@@ -29,27 +28,13 @@ def _postorder(frame):
     yield frame
 
 
-def _lines(body) -> list:
-    """Body lines -> [Line] with slot markers numbered per line."""
-    out = []
-    for text in body.lines:
-        slots = []
-
-        def renumber(m):
-            slots.append(body.slots[int(m.group(1))])
-            return f"\x00{len(slots) - 1}\x00"
-
-        out.append(Line(_MARK.sub(renumber, text), tuple(slots)))
-    return out
-
-
 def render_bodies(plan):
     """Render every call of every generated (or Sequential-element) module, children first. Where
     a module's calls run the same code on other constants (`self.scale(x, 2.0)`, then 3.0), those
     constants become arguments of its `__call__` and everything is rendered again, the callers
     now passing them."""
     _render_every_call(plan)
-    plan.call_constants = _constants_calls_differ_in(plan)
+    plan.call_constants = calls.constants_calls_differ_in(plan)
     if plan.call_constants.params:
         plan.bodies.clear()
         _render_every_call(plan)
@@ -79,211 +64,35 @@ def _render(plan, mode, capture, frame):
     plan.imports |= body.imports
 
 
-def _constants_calls_differ_in(plan) -> CallConstants:
-    """What a module's calls differ in, where they differ, made arguments of its `__call__`:
-    constants in the same code (`self.scale(x, 2.0)`, then 3.0: one parameter per vector of values
-    over the calls), or the code itself where an argument torch was called with tells the calls
-    apart (HF ModernBERT's rotary embedding reads `{layer_type}_inv_freq`: one branch per value)."""
-    found = CallConstants()
-    for path, kind in plan._kinds.items():
-        if kind != "generated":
-            continue
-        calls: dict = {}
-        for mode, frame in plan.frames_by_path.get(path, []):
-            body = plan.bodies.get((mode, frame.key))
-            if body is not None:
-                calls.setdefault(mode, []).append((frame, _lines(body), body.params))
-        if all(len(items) < 2 for items in calls.values()):
-            continue
-        differ = [mode for mode, items in calls.items() if len({_code(lines) for _, lines, _ in items}) > 1]
-        if not differ:
-            continue
-        # one eager run of the model, for modules whose calls differ only
-        arguments = _arguments_passed(plan, path, len(max(calls.values(), key=len)))
-        names: dict = {}  # value vector (or branching argument) -> parameter name, shared by the modes
-        passed: dict = {}  # (mode, frame key) -> {name: value}
-        for mode, items in calls.items():
-            params = items[0][2]
-            if len({tuple(x.text for x in lines) for _, lines, _ in items}) > 1:
-                arg = _branching_argument(items, arguments)
-                if arg is not None:
-                    chosen = arguments[arg]
-                elif len({tuple(p) for _, _, p in items}) == 1:
-                    # nothing the calls were given tells them apart (torch.export fixed a size in one
-                    # call and not in another): each code is numbered, and each call passes its number
-                    codes = [_code(lines) for _, lines, _ in items]
-                    arg = next(n for n in ("variant", "variant_", "code_variant") if n not in params)
-                    chosen = [list(dict.fromkeys(codes)).index(code) for code in codes]
-                else:
-                    continue
-                # the argument's own name, unless a size read from it already is a parameter
-                name = names.get(("branch", arg)) or (arg if arg not in params else f"{arg}_value")
-                names[("branch", arg)] = name
-                found.branches[(mode, path)] = name
-                for i, (frame, _, _) in enumerate(items):
-                    passed[(mode, frame.key)] = {name: chosen[i]}
-                continue
-            positions = {}
-            first = items[0][1]
-            for li, line in enumerate(first):
-                for si, (_, hint) in enumerate(line.slots):
-                    vector = tuple(_hashable(lines[li].slots[si][0]) for _, lines, _ in items)
-                    if len(set(vector)) == 1:
-                        continue
-                    if vector not in names:
-                        carried = [name for name, values in arguments.items() if values == vector]
-                        base = carried[0] if len(carried) == 1 else \
-                            _safe_name(hint) if hint and hint not in VAGUE_HINTS else "value"
-                        taken = set(names.values()) | set(params)
-                        names[vector] = next(n for n in [base, *(f"{base}{k}" for k in range(2, 1000))] if n not in taken)
-                    positions[(li, si)] = names[vector]
-            if positions:
-                found.positions[(mode, path)] = positions
-                for frame, lines, _ in items:
-                    passed[(mode, frame.key)] = {name: lines[li].slots[si][0] for (li, si), name in positions.items()}
-        every = set(names.values())
-        if every and all(set(passed.get((mode, f.key), {})) == every for mode, items in calls.items() for f, _, _ in items):
-            found.params[path] = list(names.values())
-            for key in [(mode, f.key) for mode, items in calls.items() for f, _, _ in items]:
-                found.values[key] = [(passed[key][n], n) for n in found.params[path]]
-        else:  # a mode that calls it once, or differently: left as it was (and refused, or disproved)
-            for mode in calls:
-                found.positions.pop((mode, path), None)
-                found.branches.pop((mode, path), None)
-    return found
-
-
-def _code(lines) -> tuple:
-    """What makes two renderings of a call the same code: their text and their constants."""
-    return tuple(x.text for x in lines), tuple(map(_hashable, (s[0] for x in lines for s in x.slots)))
-
-
-def _branching_argument(items, arguments) -> str | None:
-    """The argument whose value tells apart calls with different code (one value per code, each
-    code its own value), where the calls read the same inputs; None where there is none."""
-    if len({tuple(params) for _, _, params in items}) > 1 or not arguments:
-        return None
-    codes = [_code(lines) for _, lines, _ in items]
-    for name, values in arguments.items():
-        if len(values) != len(codes):
-            continue
-        by_value = {}
-        for code, value in zip(codes, values):
-            by_value.setdefault(value, set()).add(code)
-        if all(len(c) == 1 for c in by_value.values()) and len({next(iter(c)) for c in by_value.values()}) == len(by_value):
-            return name
-    return None
-
-
-def _arguments_passed(plan, path, calls: int) -> dict:
-    """{forward parameter: (value per call)} of the literals (numbers, strings, None, tuples) the
-    module at path is called with, from one eager run of the model in eval mode: a constant that
-    differs between calls takes the name of the argument that carried it (`factor`), and calls
-    with different code branch on the argument that tells them apart (`layer_type`)."""
-    import copy
-
-    import torch
-
-    from flaxport.port.weights import set_torch_mode
-
-    shared = {id(t): t for t in [*plan.module.parameters(), *plan.module.buffers()]}
-    model = set_torch_mode(copy.deepcopy(plan.module, shared), False)
-    target = dict(model.named_modules(remove_duplicate=False))[path]
-    signature = inspect.signature(type(target).forward)
-    seen = []
-
-    def record(module, args, kwargs):
-        try:
-            bound = signature.bind(module, *args, **kwargs).arguments
-        except TypeError:
-            return
-        seen.append({k: _plain(v) for k, v in bound.items() if _is_literal(v)})
-
-    hook = target.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(*plan.example[0], **plan.example[1])
-    except Exception:  # noqa: BLE001 - names only: a model that will not run again keeps neutral names
-        return {}
-    finally:
-        hook.remove()
-    if len(seen) != calls:
-        return {}
-    return {k: tuple(s.get(k) for s in seen) for k in seen[0] if all(k in s for s in seen)}
-
-
-def _plain(value):
-    """A literal as the generated code writes it: torch.Size (a tuple) as a tuple."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_plain(v) for v in value)
-    return _hashable(value)
-
-
-def _is_literal(value) -> bool:
-    """A value generated code writes as itself: numbers, strings, None and tuples of them."""
-    if isinstance(value, (list, tuple)):
-        return all(_is_literal(v) for v in value)
-    return value is None or isinstance(value, (int, float, str))
-
-
-def _as_parameters(lines, positions: dict) -> list:
-    """Lines with the slots at positions ({(line, slot): name}) written as the parameter's name."""
-    out = []
-    for li, line in enumerate(lines):
-        kept = []
-
-        def sub(m):
-            si = int(m.group(1))
-            if (li, si) in positions:
-                return positions[(li, si)]
-            kept.append(line.slots[si])
-            return f"\x00{len(kept) - 1}\x00"
-
-        out.append(Line(_MARK.sub(sub, line.text), tuple(kept)))
-    return out
-
-
 def _mode_bodies(plan, path):
     """{mode: [Line]} of the module's calls in each mode: one code, checked to agree over the
-    calls, or one branch per value of the argument that tells them apart (CallConstants)."""
-    calls: dict = {}
+    calls, or one branch per value of the argument that tells them apart (calls.py)."""
+    by_mode: dict = {}
     params = None
     training = False
     for mode, frame in plan.frames_by_path.get(path, []):
         body = plan.bodies.get((mode, frame.key))
         if body is None:
             continue
-        lines = _lines(body)
+        lines = body_lines(body)
         positions = plan.call_constants.positions.get((mode, path))
         if positions:
-            lines = _as_parameters(lines, positions)
+            lines = calls.as_parameters(lines, positions)
         training |= body.needs_training
-        calls.setdefault(mode, []).append((frame, lines))
+        by_mode.setdefault(mode, []).append((frame, lines))
         params = params or body.params
     out = {}
-    for mode, items in calls.items():
+    for mode, items in by_mode.items():
         arg = plan.call_constants.branches.get((mode, path))
         if arg is not None:
-            out[mode] = _branches(arg, [(dict((n, v) for v, n in plan.call_constants.values[(mode, f.key)])[arg], lines)
-                                        for f, lines in items])
+            passed = [dict((name, value) for value, name in plan.call_constants.values[(mode, f.key)])[arg]
+                      for f, _ in items]
+            out[mode] = calls.branches(arg, [(value, lines) for value, (_, lines) in zip(passed, items)])
             continue
         out[mode] = items[0][1]
         if any([x.text for x in lines] != [x.text for x in out[mode]] for _, lines in items):
             plan.problems.append((f"{type(plan.modules[path]).__name__} called twice with different code", path, ""))
     return out, (params or []) + plan.call_constants.params.get(path, []), training
-
-
-def _branches(arg, calls) -> list:
-    """`if layer_type == "full_attention": ... elif ...` over [(argument value, Lines)]."""
-    codes: dict = {}
-    for value, lines in calls:
-        codes.setdefault(_hashable(value), (value, lines))
-    out = []
-    for k, (value, lines) in enumerate(codes.values()):
-        test = "is" if value is None or isinstance(value, bool) else "=="
-        out.append(Line(f"{'if' if k == 0 else 'elif'} {arg} {test} \x000\x00:", ((value, arg),)))
-        out += [Line("    " + line.text, line.slots) for line in lines]
-    return out
 
 
 def merge_modes(bodies: dict):
@@ -552,7 +361,7 @@ def _element_functions(plan):
             if len(body.lines) != 1 or not body.lines[0].startswith("return "):
                 plan._kinds[path] = "generated"  # more than an expression (LocalResponseNorm): a class of its own
                 break
-            expr = _MARK.sub(lambda m: repr(body.slots[int(m.group(1))][0]), body.lines[0][len("return "):])
+            expr = MARK.sub(lambda m: repr(body.slots[int(m.group(1))][0]), body.lines[0][len("return "):])
             param = body.params[0] if body.params else "x"
             simple = re.fullmatch(rf"([\w.]+)\({re.escape(param)}\)", expr)
             plan.lambdas[path] = simple.group(1) if simple else f"lambda {param}: {expr}"
@@ -611,13 +420,13 @@ def _parameters(cdef: ClassDef):
     attr_vectors = _attribute_vectors(insts)
     for pos in positions:
         vec = vectors[pos]
-        if len(insts) == 1 or len(set(map(_hashable, vec))) == 1:
+        if len(insts) == 1 or len(set(map(hashable, vec))) == 1:
             cdef.positions[pos] = None
             continue
-        hv = tuple(map(_hashable, vec))
+        hv = tuple(map(hashable, vec))
         if hv not in by_vector:
             hints = [getattr(insts[0], p)[l].slots[k][1] or "value" for (p, l, k) in positions
-                     if tuple(map(_hashable, vectors[(p, l, k)])) == hv]
+                     if tuple(map(hashable, vectors[(p, l, k)])) == hv]
             ranked = sorted(set(hints), key=lambda h: (-hints.count(h), h in VAGUE_HINTS,
                                                        HINT_ORDER.index(h) if h in HINT_ORDER else len(HINT_ORDER), h))
             free = [h for h in ranked if _safe_name(h) not in names]
@@ -636,8 +445,6 @@ def _parameters(cdef: ClassDef):
         inst.args = tuple(vec[i] for _, vec in params)
 
 
-# Schema names that say nothing of the value (div's `other`): any other hint is preferred.
-VAGUE_HINTS = {"other", "self", "value", "arg", "scalar"}
 # Constructor-argument names in order of preference when one value fills several slots.
 HINT_ORDER = ["in_channels", "out_channels", "in_features", "out_features", "embedding_dim", "hidden_size",
               "input_size", "stride", "kernel_size", "padding", "dilation", "groups", "num_embeddings"]
@@ -652,16 +459,6 @@ def _attribute_vectors(insts) -> dict:
                if not k.startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)}
         names = own if names is None else names & own
     for name in sorted(names or ()):
-        vec = tuple(_hashable(getattr(i.module, name)) for i in insts)
+        vec = tuple(hashable(getattr(i.module, name)) for i in insts)
         out.setdefault(vec, name)
     return out
-
-
-def _hashable(v):
-    if isinstance(v, list):
-        return tuple(v)
-    if isinstance(v, float) and math.isnan(v):
-        return "nan"
-    return v
-
-

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import re
 from collections import Counter
 
 from flaxport.translate import capture as cap
@@ -63,6 +65,33 @@ class Instance:
     needs_training: bool
     cls: "ClassDef | None" = None
     args: tuple = ()  # constructor argument values for cls
+
+
+MARK = re.compile("\x00(\\d+)\x00")  # a slot in a Line's text
+# Schema names that say nothing of the value (div's `other`): any other hint is preferred.
+VAGUE_HINTS = {"other", "self", "value", "arg", "scalar"}
+
+
+def body_lines(body) -> list:
+    """Body lines -> [Line] with slot markers numbered per line."""
+    out = []
+    for text in body.lines:
+        slots = []
+
+        def renumber(m):
+            slots.append(body.slots[int(m.group(1))])
+            return f"\x00{len(slots) - 1}\x00"
+
+        out.append(Line(MARK.sub(renumber, text), tuple(slots)))
+    return out
+
+
+def hashable(v):
+    if isinstance(v, list):
+        return tuple(v)
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return v
 
 
 @dataclasses.dataclass
