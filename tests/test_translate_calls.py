@@ -193,3 +193,31 @@ def test_a_branching_argument_taken_from_a_shape_is_written_as_a_tuple():
     assert t.report.ok, str(t.report)
     resize = t.source.split("class Resize(")[1].split("def read_safetensors")[0]
     assert "torch.Size" not in t.source and "if size_value == (2, 2):" in resize, resize
+
+
+class HandedDecoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, head):
+        return head[0](self.lin(x))
+
+
+class HandsItsHead(nn.Module):
+    """Hands a module it holds to a child's forward (HF PP-DocLayout's decoder and its order head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = HandedDecoder()
+        self.decoder_head = nn.ModuleList([nn.Linear(4, 2)])
+
+    def forward(self, x):
+        return self.decoder(x, self.decoder_head)
+
+
+def test_a_module_passed_as_an_argument_is_refused_by_name():
+    from flaxport.translate import UnsupportedOpsError, translate
+
+    with pytest.raises(UnsupportedOpsError, match="Linear at decoder_head.0 called by decoder, which does not hold it"):
+        translate(HandsItsHead().eval(), torch.randn(2, 4))

@@ -577,6 +577,13 @@ class BodyRenderer:
         # constants this call differs in from the module's other calls (classes.render_bodies)
         args += [self.slot(value, name).text for value, name in
                  self.plan.call_constants.values.get((self.capture.mode, u.frame.key), [])]
+        if self.path and not u.frame.path.startswith(self.path + "."):
+            # a module handed to this one as an argument (HF PP-DocLayout's decoder is given the
+            # top module's `decoder_order_head`): it holds no attribute to reach it by
+            self.plan.problems.append((f"{type(u.frame.module).__name__} at {u.frame.path} called by "
+                                       f"{self.path}, which does not hold it (a module passed as an argument)",
+                                       self.path, ""))
+            return Expr(f"unsupported_{_safe_name(u.frame.path)}()")
         attr = self.plan.attr_expr(self.path, u.frame.path)
         spec = self.plan._specs.get(u.frame.path)
         if spec is not None and spec.state > 1 and len(args) == 1 + spec.state:  # given its state: as one tuple
