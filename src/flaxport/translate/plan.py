@@ -96,7 +96,8 @@ def hashable(v):
 
 @dataclasses.dataclass
 class CallConstants:
-    """Constants a module's calls differ in, passed as arguments (classes._constants_calls_differ_in)."""
+    """What a module's calls differ in, passed as arguments: constants, or the argument its code
+    branches on (calls.constants_calls_differ_in)."""
 
     params: dict = dataclasses.field(default_factory=dict)  # path -> the parameter names, in order
     positions: dict = dataclasses.field(default_factory=dict)  # (mode, path) -> {(line, slot): name}
