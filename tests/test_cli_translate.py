@@ -211,7 +211,6 @@ def test_a_wrong_translation_exits_1_names_the_submodule_and_still_writes_the_fi
     from flaxport.translate import ops
     from flaxport.translate.ops import call
 
-    ops._load()
     monkeypatch.setitem(ops.OPS, "aten.gelu.default", lambda c, node: call("jax.nn.gelu", c.x("self")))
     out = tmp_path / "wrong"
     code, stdout, err = _run([f"{models}:net", "--input", "2,3,16,16", "--out", out], capsys)

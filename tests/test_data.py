@@ -389,7 +389,7 @@ def test_fetch_network_errors_are_one_line_and_keep_the_part(server, tmp_path):
 def test_download_cifar10_from_a_mirror_then_load(server, payload, tmp_path):
     blob, md5 = payload
     server.files[cifar10.ARCHIVE] = blob
-    path = download.download_cifar10(tmp_path / "data", base_url=server.url.rstrip("/"), md5=md5, progress=False)
+    path = cifar10.download(tmp_path / "data", base_url=server.url.rstrip("/"), md5=md5, progress=False)
     assert path == tmp_path / "data" / cifar10.ARCHIVE and path.read_bytes() == blob
     assert server.requests[0]["path"] == "/" + cifar10.ARCHIVE
     assert cifar10.load(tmp_path / "data").train["image"].shape == (50, 32, 32, 3)
@@ -399,7 +399,7 @@ def test_download_cifar10_catches_a_corrupt_mirror(server, tmp_path):
     junk = b"<html>mirror maintenance</html>"
     server.files[cifar10.ARCHIVE] = junk
     with pytest.raises(UserError, match=re.escape(f"cifar10: {tmp_path / cifar10.ARCHIVE} is truncated or corrupt")):
-        download.download_cifar10(tmp_path, base_url=server.url, md5=hashlib.md5(junk).hexdigest(), progress=False)
+        cifar10.download(tmp_path, base_url=server.url, md5=hashlib.md5(junk).hexdigest(), progress=False)
 
 
 def test_download_cifar10_defaults_to_the_official_url(monkeypatch, tmp_path):
@@ -409,9 +409,9 @@ def test_download_cifar10_defaults_to_the_official_url(monkeypatch, tmp_path):
         seen.update(url=url, dest=dest, **kw)
         raise UserError("stop")
 
-    monkeypatch.setattr(download, "fetch", fake_fetch)
+    monkeypatch.setattr(cifar10, "fetch", fake_fetch)
     with pytest.raises(UserError):
-        download.download_cifar10(tmp_path)
+        cifar10.download(tmp_path)
     assert seen["url"] == "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
     assert seen["md5"] == "c58f30108f718f92721af3b95e74349a" and seen["dest"] == tmp_path / cifar10.ARCHIVE
 

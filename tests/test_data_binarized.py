@@ -10,7 +10,7 @@ import pytest
 import runs
 
 from flaxport.data import binarized_mnist as bm
-from flaxport.data import digits, download
+from flaxport.data import digits
 from flaxport.errors import UserError
 from httpfixture import server  # noqa: F401 - a pytest fixture, used by name
 
@@ -165,7 +165,7 @@ def mirror(server, tmp_path_factory):
 
 def test_download_from_a_mirror_then_load(mirror, tmp_path):
     server, blobs, sha = mirror
-    paths = download.download_binarized_mnist(tmp_path / "d", base_url=server.url.rstrip("/"),
+    paths = bm.download(tmp_path / "d", base_url=server.url.rstrip("/"),
                                               sha256={"train": sha["train"], "valid": sha["valid"],
                                                       "binarized_mnist_test.amat": sha["test"]}, progress=False)
     assert paths == {s: tmp_path / "d" / f"binarized_mnist_{s}.amat" for s in ("train", "valid", "test")}
@@ -176,7 +176,7 @@ def test_download_from_a_mirror_then_load(mirror, tmp_path):
                                                     "/binarized_mnist_train.amat"]
     assert bm.load(tmp_path / "d").meta["n_train"] == 12
     # Complete and verified: a second call fetches nothing.
-    download.download_binarized_mnist(tmp_path / "d", base_url=server.url, sha256=sha, progress=False)
+    bm.download(tmp_path / "d", base_url=server.url, sha256=sha, progress=False)
     assert len(server.requests) == 3
 
 
@@ -184,12 +184,12 @@ def test_download_resumes_after_a_dropped_connection(mirror, tmp_path):
     server, blobs, sha = mirror
     server.cut_after = 5000  # the first response (valid) stops after 5000 bytes
     with pytest.raises(UserError) as e:
-        download.download_binarized_mnist(tmp_path, base_url=server.url, sha256=sha, progress=False)
+        bm.download(tmp_path, base_url=server.url, sha256=sha, progress=False)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"download: {server.url}binarized_mnist_valid.amat interrupted")
     assert "run again to resume" in msg
     assert (tmp_path / "binarized_mnist_valid.amat.part").stat().st_size == 5000
-    download.download_binarized_mnist(tmp_path, base_url=server.url, sha256=sha, progress=False)
+    bm.download(tmp_path, base_url=server.url, sha256=sha, progress=False)
     assert server.requests[1]["range"] == "bytes=5000-" and server.requests[1]["status"] == 206
     assert (tmp_path / "binarized_mnist_valid.amat").read_bytes() == blobs["binarized_mnist_valid.amat"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(bm.FILES.values())
@@ -198,7 +198,7 @@ def test_download_resumes_after_a_dropped_connection(mirror, tmp_path):
 def test_download_rejects_a_wrong_checksum(mirror, tmp_path):
     server, blobs, sha = mirror
     with pytest.raises(UserError) as e:
-        download.download_binarized_mnist(tmp_path, base_url=server.url, sha256={**sha, "test": "0" * 64},
+        bm.download(tmp_path, base_url=server.url, sha256={**sha, "test": "0" * 64},
                                           progress=False)
     url = f"{server.url}binarized_mnist_test.amat"
     assert str(e.value) == f"download: {url} checksum mismatch: sha256 {sha['test']}, expected {'0' * 64}"
@@ -206,8 +206,8 @@ def test_download_rejects_a_wrong_checksum(mirror, tmp_path):
     # Without overrides the published checksums apply, which a fixture cannot match (and
     # the valid file already here no longer verifies, so it is fetched again first).
     with pytest.raises(UserError, match=re.escape(f"checksum mismatch: sha256 {sha['valid']}, expected "
-                                                  f"{download.BINARIZED_MNIST_SHA256['binarized_mnist_valid.amat']}")):
-        download.download_binarized_mnist(tmp_path, base_url=server.url, progress=False)
+                                                  f"{bm.SHA256['binarized_mnist_valid.amat']}")):
+        bm.download(tmp_path, base_url=server.url, progress=False)
 
 
 def test_download_checks_that_the_files_parse(server, tmp_path):
@@ -215,20 +215,20 @@ def test_download_checks_that_the_files_parse(server, tmp_path):
     server.files.update({name: bad for name in bm.FILES.values()})
     with pytest.raises(UserError, match=re.escape(f"binarized_mnist: {tmp_path / 'binarized_mnist_train.amat'} "
                                                   f"line 3: 2 values, expected 784")):
-        download.download_binarized_mnist(tmp_path, base_url=server.url, sha256=dict.fromkeys(bm.SPLITS, _sha(bad)),
+        bm.download(tmp_path, base_url=server.url, sha256=dict.fromkeys(bm.SPLITS, _sha(bad)),
                                           progress=False)
 
 
 def test_download_unknown_checksum_key(tmp_path):
     with pytest.raises(UserError, match="no binarized_mnist file 'training' to give a checksum for"):
-        download.download_binarized_mnist(tmp_path, sha256={"training": "0" * 64})
+        bm.download(tmp_path, sha256={"training": "0" * 64})
 
 
 def test_download_defaults_to_the_published_urls_and_checksums(monkeypatch, tmp_path):
     seen = []
-    monkeypatch.setattr(download, "fetch", lambda url, dest, **kw: seen.append((url, dest, kw["sha256"])))
+    monkeypatch.setattr(bm, "fetch", lambda url, dest, **kw: seen.append((url, dest, kw["sha256"])))
     monkeypatch.setattr(bm, "load", lambda data_dir: None)
-    download.download_binarized_mnist(tmp_path)
+    bm.download(tmp_path)
     base = "http://www.cs.toronto.edu/~larocheh/public/datasets/binarized_mnist/"
     assert seen == [
         (base + "binarized_mnist_valid.amat", tmp_path / "binarized_mnist_valid.amat",

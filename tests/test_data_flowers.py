@@ -11,7 +11,7 @@ from scipy.io import savemat
 
 import runs
 
-from flaxport.data import digits, download
+from flaxport.data import digits
 from flaxport.data import flowers102 as fl
 from flaxport.errors import UserError
 from httpfixture import server  # noqa: F401 - a pytest fixture, used by name
@@ -257,7 +257,7 @@ def mirror(server, fixture_dir, tmp_path_factory):
 def test_download_from_a_mirror_then_load(mirror, tmp_path):
     server, blobs, sha = mirror
     data = tmp_path / "new"
-    paths = download.download_flowers102(data, base_url=server.url.rstrip("/"), progress=False,
+    paths = fl.download(data, base_url=server.url.rstrip("/"), progress=False,
                                          sha256={"images": sha[fl.ARCHIVE], "setid.mat": sha[fl.SETID],
                                                  "labels": sha[fl.LABELS]})
     assert paths == {"setid": data / fl.SETID, "labels": data / fl.LABELS, "images": data / fl.ARCHIVE,
@@ -270,24 +270,24 @@ def test_download_from_a_mirror_then_load(mirror, tmp_path):
 def test_download_checks_checksums_and_the_archive(mirror, tmp_path):
     server, blobs, sha = mirror
     with pytest.raises(UserError) as e:  # the published digests do not match the fixture's setid.mat
-        download.download_flowers102(tmp_path, base_url=server.url, progress=False)
+        fl.download(tmp_path, base_url=server.url, progress=False)
     assert str(e.value) == (f"download: {server.url}setid.mat checksum mismatch: sha256 {sha[fl.SETID]}, "
-                            f"expected {download.FLOWERS102_SHA256['setid.mat']}")
+                            f"expected {fl.SHA256['setid.mat']}")
     assert list(tmp_path.iterdir()) == []
     junk = blobs[fl.ARCHIVE][:3000]
     server.files[fl.ARCHIVE] = junk
     digests = {"setid": sha[fl.SETID], "labels": sha[fl.LABELS], "images": hashlib.sha256(junk).hexdigest()}
     with pytest.raises(UserError, match=re.escape(f"flowers102: {tmp_path / fl.ARCHIVE} is truncated or corrupt")):
-        download.download_flowers102(tmp_path, base_url=server.url, sha256=digests, progress=False)
+        fl.download(tmp_path, base_url=server.url, sha256=digests, progress=False)
     with pytest.raises(UserError, match="no flowers102 file 'nosuch'"):
-        download.download_flowers102(tmp_path, sha256={"nosuch": "a" * 64})
+        fl.download(tmp_path, sha256={"nosuch": "a" * 64})
 
 
 def test_download_defaults_to_the_official_urls_and_tfds_digests(monkeypatch, tmp_path):
     seen = []
-    monkeypatch.setattr(download, "fetch", lambda url, dest, sha256, **kw: seen.append((url, dest, sha256)))
+    monkeypatch.setattr(fl, "fetch", lambda url, dest, sha256, **kw: seen.append((url, dest, sha256)))
     monkeypatch.setattr(fl, "load", lambda *a, **k: None)
-    download.download_flowers102(tmp_path)
+    fl.download(tmp_path)
     base = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
     assert seen == [
         (base + "setid.mat", tmp_path / "setid.mat",

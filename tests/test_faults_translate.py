@@ -393,7 +393,6 @@ def test_a_translation_that_gives_nan_where_torch_does_not_fails(models, monkeyp
     from flaxport.translate import ops
     from flaxport.translate.ops import call
 
-    ops._load()
     monkeypatch.setitem(ops.OPS, "aten.relu.default", lambda c, node: call("jax.numpy.multiply", c.x("self"),
                                                                            "jax.numpy.nan"))
     t = _translate(models, "mlp", torch.randn(2, 8))

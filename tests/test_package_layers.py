@@ -1,9 +1,11 @@
-"""The package's parts import one another in one direction: no circle of imports between them.
+"""The package's parts, and the modules within them, import one another in one direction: no
+circle of imports.
 
 Read from the source (every `import` / `from ... import`, also those inside functions), at the
-level of flaxport's packages and top modules (flaxport.cli, flaxport.port, flaxport.machine, ...).
+level of flaxport's packages and top modules (flaxport.cli, flaxport.port, flaxport.machine, ...)
+and of single modules.
 """
-from flaxport.bench.layers import circles, imports_between_parts, levels
+from flaxport.bench.layers import circles, imports_between_modules, imports_between_parts, levels
 
 
 def test_the_finder_sees_a_circle_of_three():
@@ -25,6 +27,27 @@ def test_the_picture_is_drawn_from_the_source(tmp_path):
 def test_no_circle_of_imports_between_the_packages_parts():
     found = circles(imports_between_parts())
     assert not found, f"an import circle: {[sorted(c) for c in found]}"
+
+
+def test_no_circle_of_imports_between_modules():
+    found = circles(imports_between_modules())
+    assert not found, f"an import circle: {[sorted(c) for c in found]}"
+
+
+def test_module_arrows_resolve_submodules_relative_imports_and_names(tmp_path):
+    """`from pkg import sub` points at the submodule, `from pkg import name` at the package, and
+    a relative import at its absolute module: a package whose __init__ imports a child that imports
+    the package back is a circle."""
+    for name, text in {"__init__.py": "",
+                       "a/__init__.py": "from flaxport.a import b\n",
+                       "a/b.py": "from . import TABLE\nfrom .c import f\n",
+                       "a/c.py": "def f():\n    from flaxport.a.b import g\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    edges = imports_between_modules(tmp_path)
+    assert edges == {"flaxport": set(), "flaxport.a": {"flaxport.a.b"}, "flaxport.a.b": {"flaxport.a", "flaxport.a.c"},
+                     "flaxport.a.c": {"flaxport.a.b"}}
+    assert circles(edges) == [frozenset({"flaxport.a", "flaxport.a.b", "flaxport.a.c"})]
 
 
 def test_port_builds_on_nothing_above_it():

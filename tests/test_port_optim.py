@@ -285,7 +285,7 @@ def test_optax_builtin_schedules_are_not_torchs():
     """Why CosineAnnealingLR and OneCycleLR are written out: optax.cosine_decay_schedule stays at
     eta_min after T_max where torch's cosine comes back up, and optax.cosine_onecycle_schedule peaks
     one step later than torch's OneCycleLR."""
-    from flaxport.port.schedules import schedules_from_torch
+    from flaxport.port.optimizers.schedule_links import schedules_from_torch
 
     def torch_lrs(make_sched, steps):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)

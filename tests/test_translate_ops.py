@@ -753,7 +753,6 @@ def test_every_op_in_the_table_has_a_case():
     """A new handler comes with its case above (or a model test that exercises it, BY_MODELS)."""
     from flaxport.translate import ops
 
-    ops._load()
     cases = CASES + RANDOM_CASES
     cases += UNINITIALISED
     tested = {str(c[1]).rsplit(".", 1)[0] for c in cases} | {str(c[1]) for c in cases} | REFUSED
@@ -896,7 +895,6 @@ def test_every_core_aten_overload_has_a_handler():
     registered operator is listed (`dir(torch.ops.aten)` holds only those loaded so far)."""
     from flaxport.translate import ops
 
-    ops._load()
     core = []
     for registered in torch._C._dispatch_get_all_op_names():
         if not registered.startswith("aten::"):

@@ -46,7 +46,6 @@ def test_the_proof_catches_a_draw_used_wrongly(monkeypatch):
     from flaxport.translate import ops, translate
     from flaxport.translate.ops import Expr
 
-    ops._load()
     right = ops.OPS["aten.randn_like.default"]
     monkeypatch.setitem(ops.OPS, "aten.randn_like.default", lambda c, node: Expr(f"{right(c, node).text} * 1.01"))
     module, inputs = zoo.make("sampling_vae")
@@ -58,7 +57,6 @@ def test_a_translation_drawing_more_than_torch_fails_the_proof_and_says_so(monke
     from flaxport.translate import ops, translate
     from flaxport.translate.ops import Expr
 
-    ops._load()
     right = ops.OPS["aten.randn_like.default"]
     monkeypatch.setitem(ops.OPS, "aten.randn_like.default",
                         lambda c, node: Expr(f"({right(c, node).text} + {right(c, node).text}) / 2"))

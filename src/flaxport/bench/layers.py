@@ -2,8 +2,8 @@
 
 A part is a package or top module of flaxport (flaxport.port, flaxport.machine, ...). Every
 `import` / `from ... import` counts, also those inside functions (the lazy imports that keep
-`import flaxport` light are arrows all the same). The parts import one another in one
-direction: tests/test_package_layers.py fails on a circle.
+`import flaxport` light are arrows all the same). The parts, and the modules within them,
+import one another in one direction: tests/test_package_layers.py fails on a circle.
 
     python -m flaxport.bench.layers docs/images/layers.png
 """
@@ -23,24 +23,51 @@ def part(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def imports_between_parts(root: Path = ROOT) -> dict:
-    """{part: {the parts it imports}} over every module of the package."""
+def module_name(path: Path, root: Path = ROOT) -> str:
+    """'.../flaxport/port/step.py' -> 'flaxport.port.step' (a package's __init__.py: the package)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(("flaxport", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def imports_between_modules(root: Path = ROOT) -> dict:
+    """{module: {the flaxport modules it imports}} over every module of the package.
+
+    `from flaxport.data import cifar10` is an arrow to the module flaxport.data.cifar10, `from
+    flaxport.data import Dataset` one to the package flaxport.data (its __init__); relative
+    imports count as their absolute names."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
     edges: dict = {}
-    for path in sorted(root.rglob("*.py")):
-        if path.parent == root and path.name in ("__init__.py", "__main__.py"):
-            continue  # the package itself (its version) and `python -m flaxport` (the CLI's)
-        module = ".".join(("flaxport", *path.relative_to(root).with_suffix("").parts))
-        here = part(module)
-        edges.setdefault(here, set())
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges[module] = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module] if node.module != "flaxport" else [f"flaxport.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
+            if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names]
+            else:
+                continue
             for name in names:
-                if name.startswith("flaxport.") and part(name) != here:
-                    edges[here].add(part(name))
+                while name and name not in paths:  # flaxport.x.y.f -> flaxport.x.y
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    edges[module].add(name)
+    return edges
+
+
+def imports_between_parts(root: Path = ROOT) -> dict:
+    """{part: {the parts it imports}}: the arrows between modules, between their parts. The
+    package itself (its version) and `python -m flaxport` (the CLI's) are no part."""
+    edges: dict = {}
+    for module, targets in imports_between_modules(root).items():
+        if module in ("flaxport", "flaxport.__main__"):
+            continue
+        here = part(module)
+        edges.setdefault(here, set()).update(part(t) for t in targets if t != "flaxport" and part(t) != here)
     return edges
 
 

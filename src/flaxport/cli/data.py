@@ -80,21 +80,21 @@ def run_download(args) -> int:
         raise UserError(f"--data-dir {data_dir} exists and is not a directory")
     progress = not args.no_progress
     if name == "cifar10":
-        from flaxport.data.download import download_cifar10
+        from flaxport.data import cifar10
 
-        path = download_cifar10(data_dir, base_url=args.base_url, md5=args.md5, progress=progress)
+        path = cifar10.download(data_dir, base_url=args.base_url, md5=args.md5, progress=progress)
         print(f"cifar10: {path}")
         return 0
     if name == "flowers102":
-        from flaxport.data.download import download_flowers102
+        from flaxport.data import flowers102
 
-        paths = download_flowers102(data_dir, base_url=args.base_url, sha256=sha256, progress=progress)
+        paths = flowers102.download(data_dir, base_url=args.base_url, sha256=sha256, progress=progress)
         for what, path in paths.items():
             print(f"flowers102 {what}: {path}")
         return 0
-    from flaxport.data.download import download_binarized_mnist
+    from flaxport.data import binarized_mnist
 
-    paths = download_binarized_mnist(data_dir, base_url=args.base_url, sha256=sha256, progress=progress)
+    paths = binarized_mnist.download(data_dir, base_url=args.base_url, sha256=sha256, progress=progress)
     for split, path in paths.items():
         print(f"binarized_mnist {split}: {path}")
     return 0
@@ -105,7 +105,7 @@ def _is_hex(text: str, n: int) -> bool:
 
 
 def _file_digest(item: str) -> tuple[str, str]:
-    """'train=HEX' -> ('train', 'hex'); which FILE names exist is download_binarized_mnist's to check."""
+    """'train=HEX' -> ('train', 'hex'); which FILE names exist is binarized_mnist.download's to check."""
     file, sep, digest = item.partition("=")
     if not sep or not file.strip() or not _is_hex(digest.strip(), 64):
         raise UserError(f"--sha256 expects FILE=HEX with 64 hex digits (e.g. train=ad69...), got {item!r}")

@@ -20,8 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from flaxport.data import Dataset
-from flaxport.data.download import default_data_dir
+from flaxport.data.download import default_data_dir, fetch
 from flaxport.errors import UserError
+
+BASE_URL = "https://www.cs.toronto.edu/~kriz/"
+MD5 = "c58f30108f718f92721af3b95e74349a"  # published on https://www.cs.toronto.edu/~kriz/cifar.html
 
 DIRNAME = "cifar-10-batches-py"
 ARCHIVE = "cifar-10-python.tar.gz"
@@ -213,4 +216,20 @@ def write_fixture(directory, n_per_batch: int = 10, seed: int = 0, archive: bool
             info = tarfile.TarInfo(f"{DIRNAME}/{name}")
             info.size, info.mode, info.mtime = len(blob), 0o644, 0
             tar.addfile(info, io.BytesIO(blob))
+    return path
+
+
+def download(data_dir=None, base_url: str | None = None, md5: str | None = None,
+             progress: bool = True) -> Path:
+    """Fetch cifar-10-python.tar.gz into `data_dir` (default `default_data_dir()`); returns its path.
+
+    `base_url` replaces https://www.cs.toronto.edu/~kriz/ (mirrors, tests) and `md5` the
+    published checksum. The archive is then read once with `load_path`, so a
+    mirror serving a damaged or foreign archive is reported now rather than at training.
+    """
+    data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
+    base = base_url or BASE_URL
+    url = base + ("" if base.endswith("/") else "/") + ARCHIVE
+    path = fetch(url, data_dir / ARCHIVE, md5=md5 or MD5, progress=progress)
+    load_path(path)
     return path

@@ -20,31 +20,6 @@ from tqdm import tqdm
 
 from flaxport.errors import UserError
 
-CIFAR10_BASE_URL = "https://www.cs.toronto.edu/~kriz/"
-CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"  # published on https://www.cs.toronto.edu/~kriz/cifar.html
-# Larochelle's canonical location (plain http, as every reference uses; the checksums,
-# not the transport, vouch for the bytes).
-BINARIZED_MNIST_BASE_URL = "http://www.cs.toronto.edu/~larocheh/public/datasets/binarized_mnist/"
-# sha256 (and sizes) of those three URLs as recorded by TensorFlow Datasets, in
-# tensorflow/datasets: tensorflow_datasets/url_checksums/binarized_mnist.txt
-# (train 78400000 bytes, valid and test 15680000: 1568 bytes a line, 50000/10000/10000 lines).
-BINARIZED_MNIST_SHA256 = {
-    "binarized_mnist_train.amat": "ad693b29f94c14277b095f5238ddefbbdaaae0939789dd2f4f0205278cee3e4d",
-    "binarized_mnist_valid.amat": "1de3d397c40fe8eeb33dafd4099a1f665ec01e96d9be234aaeeac8a34930e2e2",
-    "binarized_mnist_test.amat": "e6687bfea3f820c174f33b7865140b2a2dd2930ef786f35d45795fc193b5ab2c",
-}
-# Oxford Flowers 102 (https://www.robots.ox.ac.uk/~vgg/data/flowers/102/). The site lists
-# no checksums (none found); these sha256 (and sizes) are TensorFlow Datasets' record of
-# the same three URLs, tensorflow/datasets: tensorflow_datasets/url_checksums/
-# oxford_flowers102.txt (102flowers.tgz 344862509 bytes, imagelabels.mat 502, setid.mat
-# 14989). The archive's digest also appears, independently, in a Julia DataDeps
-# registration of that URL. Not checked against a fresh download here (no network).
-FLOWERS102_BASE_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
-FLOWERS102_SHA256 = {
-    "setid.mat": "46b8678f91fd95d3c8f4feab80d271a6c834a1dd896fe29fd3e6ad9ce5c8dccd",
-    "imagelabels.mat": "4903e94206bac23bf772aadf06451916df56b58fc483a62db32a97b82656651d",
-    "102flowers.tgz": "2d01ecc807db462958cfe3d92f57a8c252b4abd240eb955770201e45f783b246",
-}
 USER_AGENT = "flaxport-data (python urllib)"
 
 # URLError, timeouts and connection resets are all OSError; http.client adds its own.
@@ -202,25 +177,7 @@ def _transfer(url, part: Path, expected: dict, *, progress, chunk, timeout, labe
     return True
 
 
-def download_cifar10(data_dir=None, base_url: str | None = None, md5: str | None = None,
-                     progress: bool = True) -> Path:
-    """Fetch cifar-10-python.tar.gz into `data_dir` (default `default_data_dir()`); returns its path.
-
-    `base_url` replaces https://www.cs.toronto.edu/~kriz/ (mirrors, tests) and `md5` the
-    published checksum. The archive is then read once with `cifar10.load_path`, so a
-    mirror serving a damaged or foreign archive is reported now rather than at training.
-    """
-    from flaxport.data import cifar10  # cifar10 imports this module
-
-    data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
-    base = base_url or CIFAR10_BASE_URL
-    url = base + ("" if base.endswith("/") else "/") + cifar10.ARCHIVE
-    path = fetch(url, data_dir / cifar10.ARCHIVE, md5=md5 or CIFAR10_MD5, progress=progress)
-    cifar10.load_path(path)
-    return path
-
-
-def _checksums(dataset: str, published: dict, names: dict, overrides: dict | None) -> dict:
+def checksums(dataset: str, published: dict, names: dict, overrides: dict | None) -> dict:
     """{file name: sha256}: the published digests, with `overrides` (keyed by a short name
     from `names` or by the file name) replacing single entries."""
     expected = dict(published)
@@ -233,55 +190,5 @@ def _checksums(dataset: str, published: dict, names: dict, overrides: dict | Non
     return expected
 
 
-def _folder_url(base: str) -> str:
+def folder_url(base: str) -> str:
     return base if base.endswith("/") else base + "/"
-
-
-def download_binarized_mnist(data_dir=None, base_url: str | None = None, sha256: dict | None = None,
-                             progress: bool = True) -> dict:
-    """Fetch binarized_mnist_{train,valid,test}.amat into `data_dir`; returns {split: Path}.
-
-    `base_url` replaces BINARIZED_MNIST_BASE_URL (mirrors, tests). `sha256` maps a split
-    ("train") or a file name ("binarized_mnist_train.amat") to the expected hex digest,
-    replacing the published one for that file only. The files are then parsed once with
-    `binarized_mnist.load`, so a damaged or foreign file is reported now, naming its line.
-    """
-    from flaxport.data import binarized_mnist  # binarized_mnist imports this module
-
-    data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
-    expected = _checksums("binarized_mnist", BINARIZED_MNIST_SHA256, binarized_mnist.FILES, sha256)
-    base = _folder_url(base_url or BINARIZED_MNIST_BASE_URL)
-    # Smallest first: a wrong mirror or checksum shows up before the 78 MB file is fetched.
-    order = sorted(binarized_mnist.SPLITS, key=lambda s: s == "train")
-    dests = binarized_mnist.paths(data_dir)
-    for split in order:
-        name = binarized_mnist.FILES[split]
-        fetch(base + name, dests[split], sha256=expected[name], progress=progress)
-    binarized_mnist.load(data_dir)
-    return dests
-
-
-def download_flowers102(data_dir=None, base_url: str | None = None, sha256: dict | None = None,
-                        progress: bool = True, image_size: int = 64) -> dict:
-    """Fetch setid.mat, imagelabels.mat and 102flowers.tgz into `data_dir`; returns {name: Path}.
-
-    Names: "setid", "labels", "images" (the three files) and "cache", the preprocessed
-    pixels. `base_url` replaces FLOWERS102_BASE_URL (mirrors, tests); `sha256` maps a name
-    ("images") or a file name ("102flowers.tgz") to the expected hex digest, replacing the
-    published one for that file only. Then `flowers102.load(data_dir, image_size)` decodes
-    every image once, so a damaged archive is reported now, naming the member, and the
-    first training run finds the cache ready.
-    """
-    from flaxport.data import flowers102  # flowers102 imports this module
-
-    data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
-    files = {"setid": flowers102.SETID, "labels": flowers102.LABELS, "images": flowers102.ARCHIVE}
-    expected = _checksums("flowers102", FLOWERS102_SHA256, files, sha256)
-    base = _folder_url(base_url or FLOWERS102_BASE_URL)
-    out = {}
-    # Smallest first: a wrong mirror or checksum shows up before the 345 MB archive is fetched.
-    for key, name in files.items():
-        out[key] = fetch(base + name, data_dir / name, sha256=expected[name], progress=progress)
-    flowers102.load(data_dir, image_size=image_size, progress=progress)
-    out["cache"] = flowers102.cache_path(data_dir, image_size)
-    return out

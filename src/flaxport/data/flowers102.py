@@ -42,8 +42,21 @@ from pathlib import Path
 import numpy as np
 
 from flaxport.data import Dataset
-from flaxport.data.download import default_data_dir
+from flaxport.data.download import checksums, default_data_dir, fetch, folder_url
 from flaxport.errors import UserError
+
+# Oxford Flowers 102 (https://www.robots.ox.ac.uk/~vgg/data/flowers/102/). The site lists
+# no checksums (none found); these sha256 (and sizes) are TensorFlow Datasets' record of
+# the same three URLs, tensorflow/datasets: tensorflow_datasets/url_checksums/
+# oxford_txt (102flowers.tgz 344862509 bytes, imagelabels.mat 502, setid.mat
+# 14989). The archive's digest also appears, independently, in a Julia DataDeps
+# registration of that URL. Not checked against a fresh download here (no network).
+BASE_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
+SHA256 = {
+    "setid.mat": "46b8678f91fd95d3c8f4feab80d271a6c834a1dd896fe29fd3e6ad9ce5c8dccd",
+    "imagelabels.mat": "4903e94206bac23bf772aadf06451916df56b58fc483a62db32a97b82656651d",
+    "102flowers.tgz": "2d01ecc807db462958cfe3d92f57a8c252b4abd240eb955770201e45f783b246",
+}
 
 ARCHIVE = "102flowers.tgz"
 SETID = "setid.mat"
@@ -440,3 +453,27 @@ def write_fixture(directory, n_images: int = 24, seed: int = 0, labels: bool = T
     if labels:
         savemat(directory / LABELS, {"labels": rng.integers(1, N_CLASSES + 1, n_images).astype(np.float64)})
     return directory
+
+
+def download(data_dir=None, base_url: str | None = None, sha256: dict | None = None,
+             progress: bool = True, image_size: int = 64) -> dict:
+    """Fetch setid.mat, imagelabels.mat and 102flowers.tgz into `data_dir`; returns {name: Path}.
+
+    Names: "setid", "labels", "images" (the three files) and "cache", the preprocessed
+    pixels. `base_url` replaces BASE_URL (mirrors, tests); `sha256` maps a name
+    ("images") or a file name ("102flowers.tgz") to the expected hex digest, replacing the
+    published one for that file only. Then `load(data_dir, image_size)` decodes
+    every image once, so a damaged archive is reported now, naming the member, and the
+    first training run finds the cache ready.
+    """
+    data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
+    files = {"setid": SETID, "labels": LABELS, "images": ARCHIVE}
+    expected = checksums("flowers102", SHA256, files, sha256)
+    base = folder_url(base_url or BASE_URL)
+    out = {}
+    # Smallest first: a wrong mirror or checksum shows up before the 345 MB archive is fetched.
+    for key, name in files.items():
+        out[key] = fetch(base + name, data_dir / name, sha256=expected[name], progress=progress)
+    load(data_dir, image_size=image_size, progress=progress)
+    out["cache"] = cache_path(data_dir, image_size)
+    return out

@@ -31,7 +31,7 @@ import numpy as np
 from flaxport.errors import TrainingDiverged, UserError
 from flaxport.harness.distributed import Placement
 from flaxport.harness.metrics import info
-from flaxport.harness.store import SAVE_DELAY_ENV, Damaged  # one test hook, one exception for every store
+from flaxport.harness.saving import SAVE_DELAY_ENV, Damaged, os_reason
 
 # Orbax logs every save at INFO through absl; a training run should not.
 logging.getLogger("absl").setLevel(logging.WARNING)
@@ -305,8 +305,6 @@ def _background_error(record) -> bool:
 
 def _reason(e: Exception) -> str:
     """The OS's words for a failed write (tensorstore wraps them in a long message), else _short(e)."""
-    from flaxport.harness.store import _reason as os_reason
-
     text = os_reason(e)
     return text if len(text) < 80 else _short(e)
 

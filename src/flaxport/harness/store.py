@@ -38,10 +38,8 @@ import numpy as np
 
 from flaxport.errors import TrainingDiverged, UserError, first_line
 from flaxport.harness.metrics import info
+from flaxport.harness.saving import SAVE_DELAY_ENV, Damaged, os_reason
 
-# Test hook (shared with the Orbax store): seconds to sleep inside every save, after the
-# temporary file is complete and before it is renamed, so a test can kill a run mid-save.
-SAVE_DELAY_ENV = "FLAXPORT_TEST_SAVE_DELAY"
 TMP_PREFIX = "tmp-epoch-"  # unfinished saves; torch rejects file names that start with a dot
 DIGEST_KEY = "state_blake2b"
 
@@ -57,10 +55,6 @@ def open_store(framework: str, directory, *, placement=None, max_to_keep: int = 
     if framework == "keras":
         return FileStore(directory, NpzCodec(), keep=max_to_keep)
     raise UserError(f"unknown framework {framework!r}; choose jax, torch or keras")
-
-
-class Damaged(Exception):
-    """A checkpoint that cannot be read back as it was written."""
 
 
 class TorchCodec:
@@ -153,7 +147,7 @@ class FileStore:
             _fsync_dir(self.directory)
         except Exception as e:  # noqa: BLE001 - OSError, or torch's writer error for a full disk
             kept = [s for s in self.steps() if s != epochs_done]
-            raise UserError(f"cannot write checkpoint {epochs_done} in {self.directory}: {_reason(e)} "
+            raise UserError(f"cannot write checkpoint {epochs_done} in {self.directory}: {os_reason(e)} "
                             f"(earlier checkpoints kept: {', '.join(map(str, kept)) or 'none'})") from e
         finally:
             if tmp is not None:
@@ -313,13 +307,3 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _reason(e: BaseException) -> str:
-    """What went wrong writing, in the words of the OS where they can be found."""
-    for err in (e, e.__cause__, e.__context__):
-        if isinstance(err, OSError) and err.strerror:
-            return err.strerror
-    text = str(e)
-    m = re.search(r"\[Errno (\d+)\]|errno[ =:]+(\d+)|os_error_code='(\d+)'", text)
-    if m:
-        return os.strerror(int(next(g for g in m.groups() if g)))
-    return first_line(e)

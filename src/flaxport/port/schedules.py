@@ -194,20 +194,3 @@ def lambda_lr(base_lr, lr_lambda):
 def every(schedule, steps):
     """A schedule torch steps once every `steps` optimizer steps (scheduler.step() once an epoch)."""
     return lambda count: schedule(jnp.floor_divide(count, steps))
-
-
-def schedules_from_torch(scheduler) -> tuple:
-    """A torch LR scheduler -> (lr schedule, momentum schedule or None, its count now), for its
-    first param group (optimizers/schedule_links.py has every group's).
-
-    The momentum schedule is OneCycleLR's / CyclicLR's cycled momentum (SGD/RMSprop
-    `momentum`, Adam's beta1); count is the scheduler's `last_epoch` (0 right after
-    construction), the count the optax state starts from to continue where torch is.
-    Raises UnsupportedSchedulerError, saying why, for the others.
-    """
-    from flaxport.port.optimizers import schedule_links
-
-    links = schedule_links.from_torch(scheduler)
-    lr = schedule_links.build(links.lr[0], links.lambdas)
-    momentum = schedule_links.build(links.momentum[0], links.lambdas) if links.momentum else None
-    return lr, momentum, links.count

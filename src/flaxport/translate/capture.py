@@ -31,8 +31,6 @@ from flaxport.translate.decompose import decompose
 from flaxport.translate.errors import ExportError, TranslateError
 from flaxport.translate.regions import splice_regions
 
-INT64_MAX = 9223372036854775807
-
 # Ops that only check or copy: dropped (their input stands for their output).
 PASS_THROUGH = {"aten.contiguous.default", "aten.clone.default", "aten.lift_fresh_copy.default",
                 "aten.alias.default", "aten.detach_.default", "aten._assert_tensor_metadata.default"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from flaxport.translate.ops import ATOM, UNARY, Expr, Outputs, Unsupported
+from flaxport.translate.ops.table import ATOM, UNARY, Expr, Outputs, Unsupported, schema_arguments
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 JNP_DTYPES = {"float32": "jnp.float32", "float64": "jnp.float64", "float16": "jnp.float16",
@@ -27,7 +27,7 @@ class OpContext:
         self.body, self.node = body, node
         self.out = node.meta.get("val")
         self.mode = body.capture.mode
-        self.args = _normalize(node)
+        self.args = schema_arguments(node)
         self.lifted = self._lift_scalars()
         if self.lifted:
             self.out = _lifted(self.out)
@@ -223,7 +223,7 @@ class OpContext:
         twin = self.body.plan.twin(self.body.capture, self.node)
         if twin is None:
             return None
-        return _normalize(twin).get(name)
+        return schema_arguments(twin).get(name)
 
     def random_key(self) -> str:
         """A fresh key from the module's `noise` stream (one stream a module; it advances per draw)."""
@@ -251,22 +251,3 @@ def _lifted(val):
     if isinstance(val, (list, tuple)):
         return type(val)(_lifted(v) for v in val)
     return _Lifted(val) if getattr(val, "ndim", None) == 0 else val
-
-
-def _normalize(node) -> dict:
-    """Schema argument name -> value (positional and keyword), defaults filled."""
-    target = node.target
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return {f"arg{i}": a for i, a in enumerate(node.args)}
-    out = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args) and not arg.kwarg_only:
-            out[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            out[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            out[arg.name] = arg.default_value
-        else:
-            out[arg.name] = None
-    return out

@@ -12,6 +12,8 @@ never guessed from shapes (an (N, 32, 32, 32) tensor says nothing about its layo
 """
 from __future__ import annotations
 
+from flaxport.translate.ops.table import schema_arguments
+
 LAST = "last"
 TORCH = "torch"
 TO_LAST = (0, 2, 3, 1)  # torch (N, C, H, W) -> (N, H, W, C)
@@ -74,9 +76,7 @@ def assign(capture, forced=frozenset()) -> dict:
 
 def _main(node):
     name = NATIVE[str(node.target)]
-    from flaxport.translate.context import _normalize
-
-    return _normalize(node).get(name)
+    return schema_arguments(node).get(name)
 
 
 def _spatial_dims(node) -> bool:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flaxport.bench.coverage import one_line
+
 SETTLE_FORWARDS = 3
 # float32 rounding leaves ~1e-6 of max|torch|; a weight read into the wrong place is off by order 1
 FLOAT32_RTOL = 1e-3
@@ -319,17 +321,6 @@ def summarize(samples: list) -> dict:
     if speeds:  # the first sample's: a zoo case has one, and an op's samples differ in size
         out["speed"] = speeds[0]
     return out
-
-
-def one_line(e: BaseException) -> str:
-    """`Type: first line of the message` (an UnsupportedOpsError: its distinct ops on that line)."""
-    from flaxport.translate.errors import UnsupportedOpsError
-
-    if isinstance(e, UnsupportedOpsError):
-        ops = list(dict.fromkeys(op for op, _, _ in e.items))
-        return f"UnsupportedOpsError: no translation for {', '.join(ops)}"
-    text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 def _label(module) -> str:

@@ -38,7 +38,7 @@ def run(name: str, module, args, kwargs) -> dict:
                 if not out["ok"]:
                     out["reason"] = f"float64 outputs differ (max |diff| {out['float64']:.3g})"
     except Exception as e:  # noqa: BLE001 - the peer's failure is a result
-        from flaxport.bench.coverage.case import one_line
+        from flaxport.bench.coverage import one_line
 
         out["ok"], out["reason"] = False, one_line(e)
     out["seconds"] = round(time.perf_counter() - start, 2)

@@ -151,3 +151,18 @@ def build(link: Link, lambdas: dict | None = None):
         return v
 
     return getattr(schedules, link.fn)(**{k: value(v) for k, v in link.kwargs})
+
+
+def schedules_from_torch(scheduler) -> tuple:
+    """A torch LR scheduler -> (lr schedule, momentum schedule or None, its count now), for its
+    first param group (`from_torch` has every group's).
+
+    The momentum schedule is OneCycleLR's / CyclicLR's cycled momentum (SGD/RMSprop
+    `momentum`, Adam's beta1); count is the scheduler's `last_epoch` (0 right after
+    construction), the count the optax state starts from to continue where torch is.
+    Raises UnsupportedSchedulerError, saying why, for the others.
+    """
+    links = from_torch(scheduler)
+    lr = build(links.lr[0], links.lambdas)
+    momentum = build(links.momentum[0], links.lambdas) if links.momentum else None
+    return lr, momentum, links.count

@@ -12,78 +12,19 @@ overload of the op (`aten.relu`). `lookup(node)` finds the handler.
 """
 from __future__ import annotations
 
-import dataclasses
-
-OPS: dict = {}
-
-# Operator precedence of an expression's outermost operator (Python's table), for parentheses.
-ATOM, POWER, UNARY, MUL, ADD, SHIFT, BAND, BXOR, BOR, COMPARE, NOT, AND, OR, TERNARY, LAMBDA = \
-    100, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3
-
-
-@dataclasses.dataclass(frozen=True)
-class Expr:
-    text: str
-    prec: int = ATOM
-
-    def __str__(self):
-        return self.text
-
-    def at(self, prec: int) -> str:
-        """The text, parenthesised unless it binds at least as tightly as `prec`."""
-        return self.text if self.prec >= prec else f"({self.text})"
-
-
-class Outputs(tuple):
-    """A multi-output op computed as separate expressions, one per output (None, or an Unsupported
-    saying why: not computable, e.g. max-pool indices): `getitem(node, i)` becomes the i-th
-    expression itself, and reading one that is not computable is refused."""
-
-
-class Unsupported(Exception):
-    """A handler cannot translate this particular call (e.g. an argument it does not support)."""
-
-
-def op(*names):
-    def register(fn):
-        for name in names:
-            OPS[name] = fn
-        return fn
-
-    return register
+from flaxport.translate.ops.table import (ADD, AND, ATOM, BAND, BOR, BXOR, COMPARE, LAMBDA, MUL, NOT, OPS, OR,  # noqa: F401
+                                          POWER, SHIFT, TERNARY, UNARY, Expr, Outputs, Unsupported, binary, call,
+                                          method, op)
+# Importing a family registers its handlers.
+from flaxport.translate.ops import (activation, attention, binning, conv, create, elementwise, linalg,  # noqa: F401,E402
+                                    losses, matrix, norm, random, recurrent, reduce, scatter, shape, special, spectral,
+                                    strided)
 
 
 def lookup(node):
     """The handler for an fx call_function node, or None."""
-    _load()
     name = str(node.target)
     if name in OPS:
         return OPS[name]
     packet = name.rsplit(".", 1)[0] if name.startswith("aten.") else name
     return OPS.get(packet)
-
-
-_LOADED = []
-
-
-def _load():
-    if not _LOADED:
-        from flaxport.translate.ops import (activation, attention, binning, conv, create, elementwise, linalg,  # noqa
-                                            losses, matrix, norm, random, recurrent, reduce, scatter, shape, special,
-                                            spectral, strided)
-        _LOADED.append(True)
-
-
-def binary(c, a: Expr, symbol: str, b: Expr, prec: int) -> Expr:
-    """a <symbol> b with Python's precedence (left-associative)."""
-    return Expr(f"{a.at(prec)} {symbol} {b.at(prec + 1)}", prec)
-
-
-def call(name: str, *args, **kwargs) -> Expr:
-    """name(arg, ..., key=value) from Exprs / strings; None keyword values are left out."""
-    parts = [str(a) for a in args] + [f"{k}={v}" for k, v in kwargs.items() if v is not None]
-    return Expr(f"{name}({', '.join(parts)})")
-
-
-def method(obj: Expr, name: str, *args, **kwargs) -> Expr:
-    return Expr(f"{obj.at(ATOM)}.{call(name, *args, **kwargs).text}")

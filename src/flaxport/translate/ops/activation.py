@@ -1,7 +1,7 @@
 """Activations and softmax, with torch's definitions (exact GELU unless approximate='tanh')."""
 from __future__ import annotations
 
-from flaxport.translate.ops import MUL, Expr, Unsupported, binary, call, op
+from flaxport.translate.ops.table import MUL, Expr, Unsupported, binary, call, op
 
 
 @op("aten.relu.default")

@@ -1,7 +1,7 @@
 """torch's scaled_dot_product_attention (math form: masks, causal, scale, grouped-query, dropout)."""
 from __future__ import annotations
 
-from flaxport.translate.ops import call, op
+from flaxport.translate.ops.table import call, op
 
 
 @op("aten.scaled_dot_product_attention.default")

@@ -1,7 +1,7 @@
 """Binning: searchsorted, bucketize, histc, histogram (fixed bin counts: sizes known before the model runs)."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ATOM, Expr, Outputs, call, op
+from flaxport.translate.ops.table import ATOM, Expr, Outputs, call, op
 
 
 def _side(c) -> str | None:

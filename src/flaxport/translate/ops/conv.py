@@ -1,7 +1,7 @@
 """Convolutions, pooling and resampling on torch's (N, C, *spatial) layout, via the runtime helpers."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, op
+from flaxport.translate.ops.table import ATOM, Expr, Outputs, Unsupported, call, op
 
 
 def _ints(c, name, n, default):

@@ -1,7 +1,7 @@
 """Tensor creation (arange, zeros, full, *_like), embedding lookups, and dropout in a module's own forward."""
 from __future__ import annotations
 
-from flaxport.translate.ops import Outputs, Unsupported, call, op
+from flaxport.translate.ops.table import Outputs, Unsupported, call, op
 
 
 def _dtype_kw(c, default_float=True):

@@ -1,7 +1,7 @@
 """Elementwise arithmetic, comparisons, logic and math functions (torch's promotion and division rules)."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ADD, ATOM, COMPARE, MUL, POWER, UNARY, Expr, binary, call, op
+from flaxport.translate.ops.table import ADD, ATOM, COMPARE, MUL, POWER, UNARY, Expr, binary, call, op
 
 
 def _alpha(c, other: Expr) -> Expr:

@@ -1,7 +1,7 @@
 """Matrix products: linear, matmul, bmm, addmm, einsum, grouped (mixture-of-experts) products."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ADD, ATOM, MUL, Expr, binary, call, method, op
+from flaxport.translate.ops.table import ADD, ATOM, MUL, Expr, binary, call, method, op
 
 
 @op("aten.linear.default")

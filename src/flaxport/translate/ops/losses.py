@@ -1,7 +1,7 @@
 """Loss functions (for `translate_function`): torch's reductions, ignore_index, label smoothing, stable BCE."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ADD, Expr, Outputs, binary, call, op
+from flaxport.translate.ops.table import ADD, Expr, Outputs, binary, call, op
 
 _REDUCTION = {0: "none", 1: "mean", 2: "sum"}
 

@@ -6,7 +6,7 @@ with check_errors=False) are zeros: JAX returns NaNs where LAPACK would report a
 """
 from __future__ import annotations
 
-from flaxport.translate.ops import ATOM, MUL, Expr, Outputs, Unsupported, binary, call, op
+from flaxport.translate.ops.table import ATOM, MUL, Expr, Outputs, Unsupported, binary, call, op
 
 
 def _mT(x: Expr) -> Expr:

@@ -1,7 +1,7 @@
 """Normalisation ops in functional form (the layers BatchNorm2d, LayerNorm, ... are runtime classes)."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ADD, ATOM, MUL, Expr, Outputs, Unsupported, binary, call, op
+from flaxport.translate.ops.table import ADD, ATOM, MUL, Expr, Outputs, Unsupported, binary, call, op
 
 
 @op("aten.layer_norm.default")

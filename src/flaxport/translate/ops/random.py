@@ -7,7 +7,7 @@ is listed there (JAX_FUNCTION) and must stay in step with this file.
 """
 from __future__ import annotations
 
-from flaxport.translate.ops import ADD, MUL, Expr, Unsupported, binary, call, op
+from flaxport.translate.ops.table import ADD, MUL, Expr, Unsupported, binary, call, op
 
 
 _LIKE = ("aten.empty_like.default", "aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default")

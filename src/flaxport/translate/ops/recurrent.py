@@ -3,7 +3,7 @@
 The whole-sequence nn.LSTM / GRU / RNN are runtime layer classes (translate/layers.py)."""
 from __future__ import annotations
 
-from flaxport.translate.ops import call, op
+from flaxport.translate.ops.table import call, op
 
 
 def _cell(c, helper: str, **extra):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from flaxport.translate.ops import ADD, ATOM, UNARY, Expr, Outputs, Unsupported, call, op
+from flaxport.translate.ops.table import ADD, ATOM, UNARY, Expr, Outputs, Unsupported, call, op
 
 
 def _axis(c, name="dim"):

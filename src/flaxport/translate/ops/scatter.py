@@ -1,7 +1,7 @@
 """Writes at computed indices: scatter (one-hot, scatter_add's message passing, scatter_reduce) and index_add/copy/fill."""
 from __future__ import annotations
 
-from flaxport.translate.ops import ATOM, Expr, Unsupported, call, op
+from flaxport.translate.ops.table import ATOM, Expr, Unsupported, call, op
 
 _REDUCE = {"add": "sum", "multiply": "prod", "sum": "sum", "prod": "prod", "mean": "mean", "amax": "amax",
            "amin": "amin"}

@@ -1,8 +1,10 @@
 """Reshaping, slicing, indexing, joining and padding: torch's dims and index rules on jnp arrays."""
 from __future__ import annotations
 
-from flaxport.translate.capture import INT64_MAX
-from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call, method, op
+from flaxport.translate.ops.table import ATOM, Expr, Outputs, Unsupported, call, method, op
+
+# torch's `x[a:]` slices to the largest int64: "to the end".
+INT64_MAX = 9223372036854775807
 
 
 def _reshape(c, node):

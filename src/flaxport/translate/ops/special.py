@@ -6,7 +6,7 @@ of the second kind (Y, K) and Airy's have no JAX counterpart and are refused by 
 """
 from __future__ import annotations
 
-from flaxport.translate.ops import ATOM, MUL, Expr, Outputs, Unsupported, binary, call, op
+from flaxport.translate.ops.table import ATOM, MUL, Expr, Outputs, Unsupported, binary, call, op
 
 # aten op -> function of its one tensor argument
 _UNARY = {

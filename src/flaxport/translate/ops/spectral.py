@@ -3,7 +3,7 @@ complex views (view_as_real, real, imag) and complex arithmetic (conj, polar, an
 """
 from __future__ import annotations
 
-from flaxport.translate.ops import ATOM, Expr, Unsupported, call, op
+from flaxport.translate.ops.table import ATOM, Expr, Unsupported, call, op
 
 # torch's `normalization` argument (fft_norm_mode: none, by_root_n, by_n) as jnp.fft's `norm` for a
 # forward and an inverse transform (jnp's inverse scales by 1/n unless told otherwise)

@@ -6,7 +6,7 @@ contiguous in torch there is refused: its elements sit elsewhere in memory).
 """
 from __future__ import annotations
 
-from flaxport.translate.ops import ATOM, Expr, Unsupported, call, op
+from flaxport.translate.ops.table import ATOM, Expr, Unsupported, call, op
 
 
 def _contiguous(c, name="self"):

@@ -228,8 +228,6 @@ def make_optimizer_code(spec: OptimizerSpec, schedule=None, clip=(), paths=None)
     code += ["    " + part for line in lines for part in line.split("\n")]
     extra = transform_sources(list(dict.fromkeys(used)))
     if schedule is not None:
-        from flaxport.translate.training.schedule import schedule_sources
-
         extra += schedule_sources(schedule)
     if several:
         extra.append(group_table(spec, paths))
@@ -254,3 +252,15 @@ def group_table(spec: OptimizerSpec, paths: dict) -> str:
             for i, names in enumerate(spec.members) for name in names]
     return ("# torch's param_groups: the group of each parameter, by its NNX path (torch's name after the #)\n"
             "PARAM_GROUPS = {\n" + "\n".join(rows) + "\n}")
+
+
+def schedule_sources(found) -> list:
+    """The source of the schedules.py functions `found` (ScheduleLinks) calls, `every` and the
+    translated lambdas: what make_optimizer needs."""
+    from flaxport.port import schedules
+    from flaxport.port.optimizers import schedule_links
+
+    names = schedule_links.functions(found.lr + (found.momentum or [])) + ["every"]
+    helpers = ["as_steps"] + (["anneal"] if "one_cycle" in names else [])
+    sources = [inspect.getsource(getattr(schedules, n)) for n in helpers + names]
+    return sources + [t.source for t in found.lambdas.values()]

@@ -106,15 +106,3 @@ def links(torch_scheduler, text: str = ""):
         return schedule_links.from_torch(torch_scheduler)
     except UnsupportedSchedulerError as e:
         raise TrainStepError(f"--scheduler {text!r}: {e}" if text else str(e)) from None
-
-
-def schedule_sources(found) -> list:
-    """The source of the schedules.py functions `found` (ScheduleLinks) calls, `every` and the
-    translated lambdas: what make_optimizer needs."""
-    from flaxport.port import schedules
-    from flaxport.port.optimizers import schedule_links
-
-    names = schedule_links.functions(found.lr + (found.momentum or [])) + ["every"]
-    helpers = ["as_steps"] + (["anneal"] if "one_cycle" in names else [])
-    sources = [inspect.getsource(getattr(schedules, n)) for n in helpers + names]
-    return sources + [t.source for t in found.lambdas.values()]
