@@ -159,7 +159,7 @@ def test_sizes_come_from_the_arrays_at_hand_and_each_op_runs_once():
     assert "    def __call__(self, query, key, value):" in src, src
     assert "a = self.attn(self.ln(h), self.ln(h), self.ln(h))" in src
     assert "_, _, _ =" not in src and src.count("jnp.split(self.in_proj_weight[...], 3, axis=0)") == 1
-    assert "size" not in src[src.index("class MultiheadAttention"):src.index("def read_safetensors")]
+    assert "size" not in src[src.index("class MultiheadAttention"):src.index("def load(")]
     x = torch.randn(3, 3, 8, 12)  # 2 x 3 patches: a sequence of 7
     with torch.no_grad():
         want = module(x).numpy()
@@ -217,7 +217,7 @@ def test_resnet18_reads_like_a_hand_written_nnx_resnet():
     t = zoo.translated("resnet18")[2]
     assert t.class_names == ["BasicBlock", "BasicBlockWithDownsample", "ResNet"]
     src = t.source
-    classes = src[src.index("class BasicBlock("):src.index("def read_safetensors")]
+    classes = src[src.index("class BasicBlock("):src.index("def load(")]
     assert len([line for line in classes.splitlines() if line.strip()]) <= 200
     for line in ("self.conv1 = Conv2d(3, 8, 7, stride=2, padding=3, bias=False, rngs=rngs)",
                  "self.downsample = nnx.Sequential(", "out = self.bn1(out)", "identity = self.downsample(x)",

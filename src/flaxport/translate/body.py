@@ -17,6 +17,7 @@ import math
 
 from flaxport.translate import capture as cap
 from flaxport.translate import ops as oplib
+from flaxport.translate import runtime
 from flaxport.translate import source as src
 from flaxport.translate.context import OpContext
 from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call
@@ -805,13 +806,9 @@ RESERVED = {"self", "jnp", "jax", "nnx", "lax", "np", "math", "None", "True", "F
             "input", "type", "len", "max", "min", "sum", "abs", "int", "float", "bool", "list", "tuple", "dict",
             "range", "print", "id", "hash", "iter", "next", "map", "filter", "zip", "round", "pow", "all", "any"}
 RESERVED |= {n for n in dir(__import__("builtins")) if not n.startswith("_")}
-RESERVED |= {"conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool",
-             "interpolate_nearest", "interpolate_linear", "layer_norm", "group_norm", "scaled_dot_product_attention",
-             "pixel_shuffle", "channel_shuffle", "cosine_similarity", "lstm_cell", "gru_cell", "rnn_cell", "affine_grid",
-             "grid_sample", "unfold", "fold", "scatter", "nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits",
-             "read_safetensors", "load", "json", "os", "Buffer", "TorchModule"}
-RESERVED |= {n for module in ("arrays", "functions")  # the runtime helpers a file may call
-             for n in dir(__import__(f"flaxport.translate.runtime.{module}", fromlist=["_"])) if not n.startswith("_")}
+# What the file defines and imports besides the model's classes: the runtime pieces, the modules,
+# the loader (`load`).
+RESERVED |= runtime.names() | set(runtime.STANDARD) | set(runtime.IMPORTS) | {"load", "flaxport_conv"}
 
 
 def _empty_result(ctx, node):

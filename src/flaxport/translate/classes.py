@@ -10,16 +10,11 @@ import difflib
 import keyword
 import re
 
-from flaxport.translate import calls
+from flaxport.translate import calls, runtime
 from flaxport.translate.body import BodyRenderer, _safe_name
 from flaxport.translate.plan import (MARK, VAGUE_HINTS, ClassDef, Instance, Line, ModeValue, body_lines, hashable,
                                      keyed)
 
-RUNTIME_NAMES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-                 "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "Embedding", "LSTM", "GRU",
-                 "RNN", "Buffer", "TorchModule", "Model"}
-NEEDS_RNGS = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-              "Embedding", "LSTM", "GRU", "RNN", "nnx.Dropout"}
 
 
 def _postorder(frame):
@@ -161,6 +156,8 @@ def layer_constructor(plan, path) -> list:
 
     spec = plan._specs[path]
     module = plan.modules[path]
+    if not spec.runtime.startswith("nnx."):
+        plan.helpers.add(spec.runtime)
     parts = [spec.runtime + "("]
     first = True
     for name, value, default in spec.args(module):
@@ -179,7 +176,7 @@ def layer_constructor(plan, path) -> list:
         broadcast = layer_table.dropout_broadcast(module, _input_ndim(plan, path))
         if broadcast:
             parts.append(f", broadcast_dims={broadcast!r}")
-    if spec.runtime in NEEDS_RNGS:
+    if runtime.takes_rngs(spec.runtime):
         parts.append(", rngs=rngs" if not first else "rngs=rngs")
     parts.append(")")
     return parts
@@ -266,12 +263,14 @@ def init_lines(plan, path, synth: dict) -> list:
     for name, b in module.named_buffers(recurse=False):
         if b is None:
             continue
+        plan.helpers.add("Buffer")
         lines.append(_slot_line([f"self.{plan.attr_name(name)} = Buffer(jnp.zeros("] + _shape_parts(b, name)
                                 + [_dtype_suffix(b) + "))"]))
     capture = next(iter(plan.captures.values()))
     for full, value in plan.constants(capture).items():
         owner, _, attr = full.rpartition(".")
         if owner == path and torch.is_tensor(value):
+            plan.helpers.add("Buffer")
             lines.append(_slot_line([f"self.{attr} = Buffer(jnp.zeros("] + _shape_parts(value, attr)
                                     + [_dtype_suffix(value) + "))"]))
     for attr, ctor in synth.items():
@@ -326,7 +325,7 @@ def build_classes(plan):
     left: dict = {}  # torch class -> paths of its instances not yet in a ClassDef
     for path in pending:
         left.setdefault(type(plan.modules[path]), []).append(path)
-    names_taken = set(RUNTIME_NAMES)
+    names_taken = set(runtime.names())
 
     def decide(cls, paths):
         for p in paths:
@@ -386,6 +385,8 @@ def _group(plan, cls, instances, names_taken):
         names_taken.add(name)
         cdef = ClassDef(name, cls, group)
         cdef.base = "TorchModule" if any(i.needs_training for i in group) else "nnx.Module"
+        if cdef.base == "TorchModule":
+            plan.helpers.add("TorchModule")
         _parameters(cdef)
         plan.classes.append(cdef)
 

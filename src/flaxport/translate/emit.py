@@ -12,6 +12,7 @@ import ast
 import inspect
 import re
 
+from flaxport.translate import runtime
 from flaxport.translate.plan import ModeValue
 
 WIDTH = 110
@@ -19,37 +20,9 @@ _MARK = re.compile("\x00(\\d+)\x00")
 
 
 # --------------------------------------------------------------------------- runtime pieces
-def _runtime_sources(conv: str = "xla") -> dict:
-    """name -> (order, source, names it refers to) for every top-level def in the runtime
-    (with conv="native", runtime/native.py's definitions in place of those of the same name)."""
-    from flaxport.translate.runtime import arrays, functions, layers, native
-
-    out = {}
-    order = 0
-    for mod in (functions, arrays, layers) + ((native,) if conv == "native" else ()):
-        text = inspect.getsource(mod)
-        tree = ast.parse(text)
-        lines = text.splitlines()
-        for node in tree.body:
-            refs = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-            refs |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                start = node.lineno - 1 - len(node.decorator_list)
-                at = out[node.name][0] if node.name in out else order  # a replacement keeps its place
-                out[node.name] = (at, "\n".join(lines[start:node.end_lineno]), refs)
-                order += 1
-            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
-                    isinstance(node.value.func, ast.Attribute) and isinstance(node.value.func.value, ast.Name) and \
-                    node.value.func.value.id in out:  # `f.defvjp(fwd, bwd)`: part of f's definition
-                name = node.value.func.value.id
-                o, source, own = out[name]
-                out[name] = (o, source + "\n\n\n" + "\n".join(lines[node.lineno - 1:node.end_lineno]), own | refs)
-    return out
-
-
 def runtime_code(names: set, conv: str = "xla") -> str:
     """The runtime definitions `names` need (transitively), in the runtime's own order."""
-    sources = _runtime_sources(conv)
+    sources = runtime.definitions(conv)
     needed, todo = set(), [n for n in names if n in sources]
     while todo:
         name = todo.pop()
@@ -105,22 +78,6 @@ def class_source(cdef) -> str:
 
 # --------------------------------------------------------------------------- the file
 LOADER = '''
-def read_safetensors(path):
-    """{name: NumPy array} and the metadata of a .safetensors file (a JSON header, then raw bytes)."""
-    dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-        data = f.read()
-    metadata = header.pop("__metadata__", {})
-    arrays = {}
-    for name, info in header.items():
-        start, end = info["data_offsets"]
-        arrays[name] = np.frombuffer(data[start:end], dtypes[info["dtype"]]).reshape(info["shape"])
-    return arrays, metadata
-
-
 def load(directory, *, seed=0):
     """The translated model with the weights saved in `directory` (weights.safetensors, torch's names),
     in the torch module's train/eval mode; {draws} seeded by `seed`."""
@@ -164,16 +121,16 @@ except ImportError:
 
 def calls_native_conv(source: str) -> bool:
     """Does this file (or its code) call flaxport's native convolution kernels (conv="native")?"""
-    return re.search(r"\bflaxport_conv\.", source) is not None
+    return "flaxport_conv" in _modules_used(source)
 
 
 def module_source(plan, header: str, conv: str = "xla") -> str:
     """The whole model.py text; conv="native": convolutions on flaxport's kernels where installed."""
-    used = set(plan.helpers) | ({"columns_channels_last"} if plan.flat_weights else set())
     class_texts = [class_source(c) for c in plan.classes]
     body_text = "\n".join(class_texts)
-    runtime_names = set(re.findall(r"\b([A-Za-z_]\w*)\b", body_text)) | used
-    runtime = runtime_code(runtime_names, conv)
+    # What the handlers and layers wrote asked for its pieces as it was written (plan.helpers).
+    loader_pieces = {"read_safetensors"} | ({"columns_channels_last"} if plan.flat_weights else set())
+    pieces = runtime_code(set(plan.helpers) | loader_pieces, conv)
     root = plan.classes[-1].name
     set_variable = SET_VARIABLE_COLUMNS if plan.flat_weights else SET_VARIABLE
     loader = LOADER.replace("{root}", root).replace("{set_variable}", set_variable)
@@ -185,7 +142,7 @@ def module_source(plan, header: str, conv: str = "xla") -> str:
         loader = loader.replace("{streams}", "params=0, dropout=seed")
     if plan.flat_weights:
         loader = COLUMNS.format(columns=repr(plan.flat_weights)) + loader
-    code = "\n\n\n".join(part for part in [runtime, *class_texts, loader.strip()] if part)
+    code = "\n\n\n".join(part for part in [pieces, *class_texts, loader.strip()] if part)
     imports = _imports(code)
     if calls_native_conv(code):
         imports.append(NATIVE_IMPORT)
@@ -194,23 +151,15 @@ def module_source(plan, header: str, conv: str = "xla") -> str:
     return format_source(text)
 
 
+def _modules_used(code: str) -> set:
+    """The names the code reads an attribute of (`jnp` of `jnp.zeros`): the modules it needs."""
+    return {n.value.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+
+
 def _imports(code: str) -> list:
-    lines = []
-    std = [m for m in ("functools", "itertools", "json", "math", "os") if re.search(rf"\b{m}\.", code)]
-    lines += [f"import {m}" for m in std]
-    if std:
-        lines.append("")
-    if re.search(r"\bjax\.", code):
-        lines.append("import jax")
-    if re.search(r"\bjnp\.", code):
-        lines.append("import jax.numpy as jnp")
-    if re.search(r"\bnp\.", code):
-        lines.append("import numpy as np")
-    if re.search(r"\bnnx\.", code):
-        lines.append("from flax import nnx")
-    if re.search(r"\blax\.", code):
-        lines.append("from jax import lax")
-    return lines
+    used = _modules_used(code)
+    std = [f"import {m}" for m in runtime.STANDARD if m in used]
+    return std + ([""] if std else []) + [line for name, line in runtime.IMPORTS.items() if name in used]
 
 
 def _strip_runtime_imports(text: str) -> str:

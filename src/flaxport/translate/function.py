@@ -54,7 +54,7 @@ def translate_function(fn, *example_args, check: bool = True, **example_kwargs) 
 def _function_source(t, name) -> str | None:
     """The translation as a plain function (when the wrapper holds no state): runtime helpers,
     then `def name(...)`; None when it needs a class."""
-    from flaxport.translate import emit
+    from flaxport.translate import emit, runtime
 
     plan = t.plan
     if len(plan.classes) != 1 or plan.classes[0].instances[0].init:
@@ -63,7 +63,7 @@ def _function_source(t, name) -> str | None:
     body = [emit._fill(line, plan.classes[0], "call", li) for li, line in enumerate(inst.call)]
     if any("self" in line for line in body):
         return None
-    fname = name if name.isidentifier() and name not in emit._runtime_sources() else f"{name}_jax"
+    fname = name if name.isidentifier() and name not in runtime.names() else f"{name}_jax"
     code = [f"def {fname}({', '.join(inst.params)}):",
             f'    """{t.torch_class.__module__}.{name} in JAX (written by flaxport translate)."""']
     code += ["    " + line for line in body]
