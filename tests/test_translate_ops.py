@@ -871,7 +871,7 @@ def test_tiling_max_pool_sends_the_gradient_to_each_windows_first_maximum_as_tor
     import jax
     import jax.numpy as jnp
 
-    from flaxport.translate.runtime.functions import max_pool
+    from flaxport.runtime.functions import max_pool
 
     x = torch.tensor(np.random.default_rng(0).integers(-2, 3, (2, 3, 9, 8)).astype(np.float32), requires_grad=True)
     weights = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(1))

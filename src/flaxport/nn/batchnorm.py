@@ -8,54 +8,20 @@ parity (see docs and ../shared/notes/porting-pitfalls.md):
 * running variance: torch stores the *unbiased* batch variance (times n/(n-1)) in the
   running average but normalises with the *biased* one; Flax stores the biased one.
   At batch 10 that is an 11% gap in eval-mode variance.
+
+The train-mode normalisation and its gradient are flaxport.runtime's `batch_norm_train`, the one a
+translated model runs.
 """
 from __future__ import annotations
 
-from functools import partial
 from typing import Optional
 
-import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from jax import lax
 
-
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def batch_norm_train(x, scale, bias, epsilon):
-    """Train-mode batch norm over all axes but the last: (y, batch mean, biased batch var).
-
-    Gradients use the closed form torch's native_batch_norm_backward uses,
-        dx = invstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
-    two per-channel reductions instead of the four or five autodiff derives from the
-    two-pass statistics: fewer kernels per step, and torch's own arithmetic. The batch
-    statistics are outputs for the running averages only; no gradient flows through them.
-    """
-    return _bn_forward(x, scale, bias, epsilon)[0]
-
-
-def _bn_forward(x, scale, bias, epsilon):
-    axes = tuple(range(x.ndim - 1))
-    mean = jnp.mean(x, axis=axes)
-    centered = x - mean
-    # Two-pass variance, as torch computes it: E[(x-mean)^2], not E[x^2]-E[x]^2.
-    var = jnp.mean(jnp.square(centered), axis=axes)
-    invstd = lax.rsqrt(var + epsilon)
-    xhat = centered * invstd
-    return (xhat * scale + bias, mean, var), (xhat, invstd, scale)
-
-
-def _bn_bwd(epsilon, res, cotangents):
-    xhat, invstd, scale = res
-    dy = cotangents[0]  # cotangents of mean/var are ignored: they feed running stats only
-    axes = tuple(range(dy.ndim - 1))
-    dbias = jnp.sum(dy, axis=axes)
-    dscale = jnp.sum(dy * xhat, axis=axes)
-    n = dy.size // dy.shape[-1]
-    dx = (invstd * scale) * (dy - dbias / n - xhat * (dscale / n))
-    return dx, dscale, dbias
-
-
-batch_norm_train.defvjp(_bn_forward, _bn_bwd)
+# torch's closed-form gradient (two reductions per channel), the same function the translated files carry
+from flaxport.runtime.functions import batch_norm_train
 
 
 class BatchNorm(nn.Module):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from flaxport import runtime
 from flaxport.translate import capture as cap
 from flaxport.translate import ops as oplib
-from flaxport.translate import runtime
 from flaxport.translate import source as src
 from flaxport.translate.context import OpContext
 from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call

@@ -10,7 +10,8 @@ import difflib
 import keyword
 import re
 
-from flaxport.translate import calls, runtime
+from flaxport import runtime
+from flaxport.translate import calls
 from flaxport.translate.body import BodyRenderer, _safe_name
 from flaxport.translate.plan import (MARK, VAGUE_HINTS, ClassDef, Instance, Line, ModeValue, body_lines, hashable,
                                      keyed)

@@ -2,7 +2,7 @@
 
 The file imports only jax, flax.nnx, numpy and the standard library (and, with the
 default conv="native", flaxport's kernels where flaxport is installed). Runtime layers and
-functions are copied from translate/runtime (only the ones used, with what they use).
+functions are copied from flaxport/runtime (only the ones used, with what they use).
 Long lines are wrapped at argument commas; black formats the file instead when it is
 installed.
 """
@@ -12,7 +12,7 @@ import ast
 import inspect
 import re
 
-from flaxport.translate import runtime
+from flaxport import runtime
 from flaxport.translate.plan import ModeValue
 
 WIDTH = 110

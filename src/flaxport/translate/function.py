@@ -54,7 +54,8 @@ def translate_function(fn, *example_args, check: bool = True, **example_kwargs) 
 def _function_source(t, name) -> str | None:
     """The translation as a plain function (when the wrapper holds no state): runtime helpers,
     then `def name(...)`; None when it needs a class."""
-    from flaxport.translate import emit, runtime
+    from flaxport import runtime
+    from flaxport.translate import emit
 
     plan = t.plan
     if len(plan.classes) != 1 or plan.classes[0].instances[0].init:

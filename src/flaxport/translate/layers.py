@@ -1,4 +1,4 @@
-"""torch.nn layers that become runtime layer classes (translate/runtime/layers.py), and the
+"""torch.nn layers that become runtime layer classes (runtime/layers.py), and the
 parameter-free torch modules whose ops are written inline.
 
 A layer's constructor arguments are read from the torch module's attributes (not from the

@@ -59,7 +59,7 @@ def run_op(target, *args, replay: bool = False, **kwargs):
     from jax import lax
 
     from flaxport.translate.context import OpContext
-    from flaxport.translate.runtime import arrays, functions
+    from flaxport.runtime import arrays, functions
 
     graph = torch.fx.Graph()
     names, inputs, counter = {}, {}, [0]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from flaxport.translate.layout import columns_torch
-from flaxport.translate.runtime.functions import columns_channels_last
+from flaxport.runtime.functions import columns_channels_last
 from flaxport.translate.errors import TranslateError, UnsupportedOpsError
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from flaxport.translate.runtime.functions import (_channels_first, _channels_last, batch_norm_train, conv,
+from flaxport.runtime.functions import (_channels_first, _channels_last, batch_norm_train, conv,
                                                   conv_transpose, group_norm, gru_cell, layer_norm, lstm_cell,
                                                   rnn_cell)
 

@@ -12,7 +12,7 @@ import inspect
 
 from flax import nnx
 
-from flaxport.translate.runtime import arrays, functions, layers, loader, native
+from flaxport.runtime import arrays, functions, layers, loader, native
 
 MODULES = (functions, arrays, layers, loader)  # a file's pieces come in this order
 # What a generated file may import: the standard library's modules, and the others by the names

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from flaxport.translate.runtime.functions import _ceil_extra, _tuple
+from flaxport.runtime.functions import _ceil_extra, _tuple
 
 
 def _index_dtype():
