@@ -28,6 +28,7 @@ from flax import linen as nn
 from jax import lax
 
 from flaxport.nn.linear import torch_bias_init, torch_kernel_init
+from flaxport.runtime import functions
 
 
 def im2col(x, kh: int, kw: int, padding: int, stride: int = 1):
@@ -90,13 +91,8 @@ class Conv2d(nn.Module):
 def max_pool2d(x, window: int = 2):
     """torch.max_pool2d(x, window) (stride = window, no padding, floor) on NHWC x (N, H, W, C).
 
-    A reshape and a max rather than `lax.reduce_window`: the gradient is then a compare
-    and select instead of select_and_scatter, which XLA:CPU runs slowly. Ties get the
-    gradient split among them where torch gives it to the first; after a ReLU the only
-    ties are zeros, whose gradient the ReLU zeroes anyway.
+    flaxport.runtime's max-pool: for windows that tile the input, a reshape and a max rather
+    than `lax.reduce_window`, whose gradient (select_and_scatter) XLA:CPU runs slowly; the
+    gradient goes to each window's first maximum, as torch's does.
     """
-    n, h, w, c = x.shape
-    ho, wo = h // window, w // window
-    x = x[:, :ho * window, :wo * window, :]
-    return x.reshape(n, ho, window, wo, window, c).max(axis=(2, 4))
-
+    return functions.max_pool(x, (window, window), channels_last=True)

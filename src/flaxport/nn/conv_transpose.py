@@ -10,17 +10,18 @@ give other numbers (docs: porting pitfalls, ConvTranspose).
 
 Here the kernel is stored unflipped, in the torch order of the channel axes:
   torch weight (in, out, *k)  ->  kernel (*k, in, out) = weight.permute(2, ..., 0, 1)
-and the flip happens in the forward pass. groups=1 only.
+and the flip happens in the forward pass (flaxport.runtime's conv_transpose). groups=1 only.
 """
 from __future__ import annotations
 
 import math
 
 from flax import linen as nn
-from jax import lax
 
-from flaxport.nn.conv_nd import as_tuple, dimension_numbers
+from flaxport.nn.conv_nd import as_tuple
 from flaxport.nn.linear import torch_bias_init
+# the transposed convolution a translated model runs (flip, dilate, pad: docs/porting.md, entry 7)
+from flaxport.runtime import functions
 
 
 def conv_transpose(x, kernel, stride, padding, output_padding, dilation):
@@ -29,17 +30,15 @@ def conv_transpose(x, kernel, stride, padding, output_padding, dilation):
     Output size per axis: (L - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1.
     """
     n = kernel.ndim - 2
-    k = kernel.shape[:n]
-    s, p, op, d = (as_tuple(v, n, w) for v, w in ((stride, "stride"), (padding, "padding"),
-                                                  (output_padding, "output_padding"), (dilation, "dilation")))
+    s, op, d = (as_tuple(v, n, w) for v, w in ((stride, "stride"), (output_padding, "output_padding"),
+                                               (dilation, "dilation")))
     for i in range(n):
         if not op[i] < max(s[i], d[i]):
             raise ValueError(f"output_padding {op[i]} must be smaller than stride {s[i]} or dilation {d[i]} "
                              "(torch's rule)")
-    pads = [(d[i] * (k[i] - 1) - p[i], d[i] * (k[i] - 1) - p[i] + op[i]) for i in range(n)]
-    flipped = kernel[tuple(slice(None, None, -1) for _ in range(n))]
-    return lax.conv_general_dilated(x, flipped, (1,) * n, pads, lhs_dilation=s, rhs_dilation=d,
-                                    dimension_numbers=dimension_numbers(n))
+    weight = kernel.transpose((n, n + 1) + tuple(range(n)))  # torch's (in, out, *k)
+    return functions.conv_transpose(x, weight, None, s, as_tuple(padding, n, "padding"), op, 1, d,
+                                    channels_last=True)
 
 
 class ConvTransposeNd(nn.Module):

@@ -13,14 +13,15 @@ arguments are torch's numbers:
   torch's default: padding zeros count, the extra ceil_mode cells do not) or with the
   input itself (count_include_pad=False).
 
-Works for 1, 2 or 3 spatial axes: x (N, *spatial, C); the spatial rank is x.ndim - 2.
+Works for 1, 2 or 3 spatial axes: x (N, *spatial, C); the spatial rank is x.ndim - 2. The
+arguments are checked here with torch's rules; the pooling is flaxport.runtime's.
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
-from jax import lax
+
+# the pooling a translated model runs (torch's windows, divisors and first-maximum gradient)
+from flaxport.runtime import functions
 
 
 def _tuple(v, n, what):
@@ -58,30 +59,14 @@ def _setup(x, kernel_size, stride, padding, ceil_mode):
 
 def max_pool(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False):
     """torch max_pool{1,2,3}d on x (N, *spatial, C) -> (N, *out, C); padding cells are -inf."""
-    k, s, _, pads = _setup(x, kernel_size, stride, padding, ceil_mode)
-    # A NumPy (concrete) identity, so JAX picks its differentiable reduce_window_max.
-    init = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min, x.dtype)
-    return lax.reduce_window(x, init, lax.max, (1,) + k + (1,), (1,) + s + (1,),
-                             [(0, 0)] + pads + [(0, 0)])
+    k, s, p, _ = _setup(x, kernel_size, stride, padding, ceil_mode)
+    return functions.max_pool(x, k, s, p, 1, ceil_mode, channels_last=True)
 
 
 def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True):
     """torch avg_pool{1,2,3}d on x (N, *spatial, C) -> (N, *out, C)."""
-    k, s, p, pads = _setup(x, kernel_size, stride, padding, ceil_mode)
-    window, strides = (1,) + k + (1,), (1,) + s + (1,)
-    total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, window, strides, [(0, 0)] + pads + [(0, 0)])
-    # Divisor per output cell: how many cells of the window count. Static shapes, so NumPy.
-    spatial = x.shape[1:-1]
-    if count_include_pad:  # the input and its explicit padding count, the ceil_mode tail does not
-        mask = np.ones([size + 2 * q for size, q in zip(spatial, p)])
-        mask_pads = [(0, hi - lo) for lo, hi in pads]
-    else:
-        mask = np.ones(spatial)
-        mask_pads = pads
-    mask = np.pad(mask, mask_pads)
-    counts = np.lib.stride_tricks.sliding_window_view(mask, k)[tuple(slice(None, None, si) for si in s)]
-    counts = counts.sum(axis=tuple(range(-len(k), 0)))
-    return total / jnp.asarray(counts[None, ..., None], x.dtype)
+    k, s, p, _ = _setup(x, kernel_size, stride, padding, ceil_mode)
+    return functions.avg_pool(x, k, s, p, ceil_mode, count_include_pad, channels_last=True)
 
 
 class MaxPool(nn.Module):

@@ -28,6 +28,8 @@ from flax import linen as nn
 from jax import lax
 
 from flaxport.errors import UserError
+# the gate equations, the same functions a translated LSTM / GRU runs
+from flaxport.runtime.functions import gru_update, lstm_update
 
 
 def _uniform(bound: float):
@@ -42,12 +44,7 @@ def _lstm_scan(xw, w_hh, b_hh, h0, c0, reverse: bool):
 
     def step(carry, xw_t):
         h, c = carry
-        gates = xw_t + h @ w_hh
-        if b_hh is not None:
-            gates = gates + b_hh
-        i, f, g, o = jnp.split(gates, 4, axis=-1)
-        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        h, c = lstm_update(xw_t, h @ w_hh if b_hh is None else h @ w_hh + b_hh, c)
         return (h, c), h
 
     (h, c), ys = lax.scan(step, (h0, c0), xw, reverse=reverse)
@@ -55,18 +52,10 @@ def _lstm_scan(xw, w_hh, b_hh, h0, c0, reverse: bool):
 
 
 def _gru_scan(xw, w_hh, b_hh, h0, reverse: bool):
-    """xw (L, N, 3H) = x @ W_ih + b_ih -> (outputs (L, N, H), h_n). n = tanh(x_n + r * (W_hn h + b_hn))."""
+    """xw (L, N, 3H) = x @ W_ih + b_ih -> (outputs (L, N, H), h_n)."""
 
     def step(h, xw_t):
-        hw = h @ w_hh
-        if b_hh is not None:
-            hw = hw + b_hh
-        xr, xz, xn = jnp.split(xw_t, 3, axis=-1)
-        hr, hz, hn = jnp.split(hw, 3, axis=-1)
-        r = jax.nn.sigmoid(xr + hr)
-        z = jax.nn.sigmoid(xz + hz)
-        n = jnp.tanh(xn + r * hn)
-        h = (1 - z) * n + z * h
+        h = gru_update(xw_t, h @ w_hh if b_hh is None else h @ w_hh + b_hh, h)
         return h, h
 
     h, ys = lax.scan(step, h0, xw, reverse=reverse)

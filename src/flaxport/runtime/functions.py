@@ -455,23 +455,33 @@ def _cell_gates(x, h, w_ih, w_hh, b_ih, b_hh):
     return (gi, gh) if b_ih is None else (gi + b_ih, gh + b_hh)
 
 
-def lstm_cell(x, state, w_ih, w_hh, b_ih=None, b_hh=None):
-    """torch's lstm_cell: x (B, I), state (h, c) each (B, H), gates stacked i, f, g, o -> (h', c')."""
-    h, c = state
-    gi, gh = _cell_gates(x, h, w_ih, w_hh, b_ih, b_hh)
+def lstm_update(gi, gh, c):
+    """One LSTM step from W_ih x + b_ih and W_hh h + b_hh (B, 4H, gates stacked i, f, g, o as torch
+    stacks them) and the cell state c (B, H) -> (h', c')."""
     i, f, g, o = jnp.split(gi + gh, 4, axis=-1)
     c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
     return jax.nn.sigmoid(o) * jnp.tanh(c), c
 
 
-def gru_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None):
-    """torch's gru_cell: x (B, I), h (B, H), gates stacked r, z, n; n = tanh(W_in x + b_in + r * (W_hn h + b_hn))."""
-    gi, gh = _cell_gates(x, h, w_ih, w_hh, b_ih, b_hh)
+def gru_update(gi, gh, h):
+    """One GRU step from W_ih x + b_ih and W_hh h + b_hh (B, 3H, stacked r, z, n) and h (B, H) -> h';
+    n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), as torch."""
     i_r, i_z, i_n = jnp.split(gi, 3, axis=-1)
     h_r, h_z, h_n = jnp.split(gh, 3, axis=-1)
     r, z = jax.nn.sigmoid(i_r + h_r), jax.nn.sigmoid(i_z + h_z)
     n = jnp.tanh(i_n + r * h_n)
     return (1 - z) * n + z * h
+
+
+def lstm_cell(x, state, w_ih, w_hh, b_ih=None, b_hh=None):
+    """torch's lstm_cell: x (B, I), state (h, c) each (B, H), gates stacked i, f, g, o -> (h', c')."""
+    h, c = state
+    return lstm_update(*_cell_gates(x, h, w_ih, w_hh, b_ih, b_hh), c)
+
+
+def gru_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None):
+    """torch's gru_cell: x (B, I), h (B, H), gates stacked r, z, n."""
+    return gru_update(*_cell_gates(x, h, w_ih, w_hh, b_ih, b_hh), h)
 
 
 def rnn_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None, nonlinearity="tanh"):
