@@ -130,3 +130,26 @@ def test_conv_transpose_init_law_matches_torch():
     assert np.abs(np.asarray(params["bias"])).max() <= bound  # 4 draws: only the bound is sure
     t = torch.nn.ConvTranspose2d(64, 4, 3)
     assert bound * 0.95 < t.weight.abs().max().item() <= bound  # the same law on the torch side
+
+
+def test_one_copy_of_torchs_numerics():
+    """The Linen layers run flaxport.runtime's functions, the ones a translated file carries: no
+    second copy of BatchNorm's gradient, the recurrence, pooling or the transposed convolution."""
+    import importlib
+    import inspect
+
+    from flaxport.runtime import functions
+
+    # (flaxport.nn's own names shadow two of its modules: `conv_transpose` is also a function)
+    batchnorm, conv, conv_transpose, pool, recurrent = (importlib.import_module(f"flaxport.nn.{name}") for name in
+                                                        ("batchnorm", "conv", "conv_transpose", "pool", "recurrent"))
+
+    assert batchnorm.batch_norm_train is functions.batch_norm_train
+    assert recurrent.lstm_scan is functions.lstm_scan and recurrent.gru_scan is functions.gru_scan
+    assert pool.functions is functions and conv.functions is functions and conv_transpose.functions is functions
+    written_here = {batchnorm: ("custom_vjp", "rsqrt(var"), recurrent: ("lax.scan", "sigmoid"),
+                    pool: ("reduce_window(", "lax.max"), conv: ("reduce_window(", ".max(axis"),
+                    conv_transpose: ("conv_general_dilated", "slice(None, None, -1)")}
+    for module, words in written_here.items():
+        source = inspect.getsource(module)
+        assert not [w for w in words if w in source], f"{module.__name__} computes what flaxport.runtime does"

@@ -25,11 +25,10 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
-from jax import lax
 
 from flaxport.errors import UserError
-# the gate equations, the same functions a translated LSTM / GRU runs
-from flaxport.runtime.functions import gru_update, lstm_update
+# the recurrence, the same functions a translated LSTM / GRU runs
+from flaxport.runtime.functions import gru_scan, lstm_scan
 
 
 def _uniform(bound: float):
@@ -37,29 +36,6 @@ def _uniform(bound: float):
         return jax.random.uniform(key, shape, dtype, -bound, bound)
 
     return init
-
-
-def _lstm_scan(xw, w_hh, b_hh, h0, c0, reverse: bool):
-    """xw (L, N, 4H) = x @ W_ih + b_ih for every step -> (outputs (L, N, H), h_n, c_n)."""
-
-    def step(carry, xw_t):
-        h, c = carry
-        h, c = lstm_update(xw_t, h @ w_hh if b_hh is None else h @ w_hh + b_hh, c)
-        return (h, c), h
-
-    (h, c), ys = lax.scan(step, (h0, c0), xw, reverse=reverse)
-    return ys, h, c
-
-
-def _gru_scan(xw, w_hh, b_hh, h0, reverse: bool):
-    """xw (L, N, 3H) = x @ W_ih + b_ih -> (outputs (L, N, H), h_n)."""
-
-    def step(h, xw_t):
-        h = gru_update(xw_t, h @ w_hh if b_hh is None else h @ w_hh + b_hh, h)
-        return h, h
-
-    h, ys = lax.scan(step, h0, xw, reverse=reverse)
-    return ys, h
 
 
 class _Recurrent(nn.Module):
@@ -131,7 +107,7 @@ class LSTM(_Recurrent):
         return [(hx[0][i], hx[1][i]) for i in range(count)]
 
     def _scan(self, xw, w_hh, b_hh, state, reverse):
-        return _lstm_scan(xw, w_hh, b_hh, state[0], state[1], reverse)
+        return lstm_scan(xw, w_hh, b_hh, state[0], state[1], reverse)
 
 
 class GRU(_Recurrent):
@@ -150,4 +126,4 @@ class GRU(_Recurrent):
         return [(hx[i],) for i in range(count)]
 
     def _scan(self, xw, w_hh, b_hh, state, reverse):
-        return _gru_scan(xw, w_hh, b_hh, state[0], reverse)
+        return gru_scan(xw, w_hh, b_hh, state[0], reverse)

@@ -473,6 +473,49 @@ def gru_update(gi, gh, h):
     return (1 - z) * n + z * h
 
 
+def _hidden_gates(h, w_hh, b_hh):
+    return h @ w_hh if b_hh is None else h @ w_hh + b_hh
+
+
+def lstm_scan(xw, w_hh, b_hh, h0, c0, reverse=False):
+    """An LSTM layer over a sequence: xw (L, N, 4H) = x @ W_ih^T + b_ih for every step at once (as
+    torch's CPU LSTM computes it), w_hh (H, 4H), h0, c0 (N, H) -> (outputs (L, N, H), h_n, c_n).
+    reverse: the sequence runs backwards (a bidirectional layer's second direction); outputs stay in
+    the sequence's order."""
+
+    def step(carry, xw_t):
+        h, c = lstm_update(xw_t, _hidden_gates(carry[0], w_hh, b_hh), carry[1])
+        return (h, c), h
+
+    (h, c), ys = lax.scan(step, (h0, c0), xw, reverse=reverse)
+    return ys, h, c
+
+
+def gru_scan(xw, w_hh, b_hh, h0, reverse=False):
+    """A GRU layer over a sequence: xw (L, N, 3H) = x @ W_ih^T + b_ih, w_hh (H, 3H), h0 (N, H)
+    -> (outputs (L, N, H), h_n)."""
+
+    def step(h, xw_t):
+        h = gru_update(xw_t, _hidden_gates(h, w_hh, b_hh), h)
+        return h, h
+
+    h, ys = lax.scan(step, h0, xw, reverse=reverse)
+    return ys, h
+
+
+def rnn_scan(xw, w_hh, b_hh, h0, nonlinearity="tanh", reverse=False):
+    """An Elman RNN layer over a sequence: xw (L, N, H) = x @ W_ih^T + b_ih, w_hh (H, H), h0 (N, H)
+    -> (outputs (L, N, H), h_n); h' = tanh (or relu) of xw_t + h @ w_hh + b_hh."""
+
+    def step(h, xw_t):
+        pre = xw_t + _hidden_gates(h, w_hh, b_hh)
+        h = jnp.tanh(pre) if nonlinearity == "tanh" else jax.nn.relu(pre)
+        return h, h
+
+    h, ys = lax.scan(step, h0, xw, reverse=reverse)
+    return ys, h
+
+
 def lstm_cell(x, state, w_ih, w_hh, b_ih=None, b_hh=None):
     """torch's lstm_cell: x (B, I), state (h, c) each (B, H), gates stacked i, f, g, o -> (h', c')."""
     h, c = state

@@ -14,9 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from flaxport.runtime.functions import (_channels_first, _channels_last, batch_norm_train, conv,
-                                                  conv_transpose, group_norm, gru_cell, layer_norm, lstm_cell,
-                                                  rnn_cell)
+from flaxport.runtime.functions import (_channels_first, _channels_last, batch_norm_train, conv, conv_transpose,
+                                        group_norm, gru_scan, layer_norm, lstm_scan, rnn_scan)
 
 
 class Buffer(nnx.Variable):
@@ -264,11 +263,11 @@ class _RNNBase(nnx.Module):
                 x = self.dropout(x)
             outs = []
             for d, suffix in enumerate(("", "_reverse")[:self.directions]):
-                weights = self._weights(layer, suffix)
-                state = states[layer * self.directions + d]
-                xs = jnp.flip(x, 0) if d == 1 else x
-                final, ys = lax.scan(lambda s, xt: self._cell(s, xt, weights), state, xs)
-                outs.append(jnp.flip(ys, 0) if d == 1 else ys)
+                w_ih, w_hh, *biases = self._weights(layer, suffix)
+                b_ih, b_hh = biases or (None, None)
+                xw = x @ w_ih.T if b_ih is None else x @ w_ih.T + b_ih  # every step's input gates at once
+                ys, final = self._scan(xw, w_hh.T, b_hh, states[layer * self.directions + d], reverse=d == 1)
+                outs.append(ys)
                 finals.append(final)
             x = outs[0] if self.directions == 1 else jnp.concatenate(outs, axis=-1)
         return x, finals
@@ -298,9 +297,9 @@ class LSTM(_RNNBase):
         y = jnp.swapaxes(y, 0, 1) if self.batch_first else y
         return y, (jnp.stack([h for h, _ in finals]), jnp.stack([c for _, c in finals]))
 
-    def _cell(self, state, xt, weights):
-        h, c = lstm_cell(xt, state, *weights)
-        return (h, c), h
+    def _scan(self, xw, w_hh, b_hh, state, reverse):
+        ys, h, c = lstm_scan(xw, w_hh, b_hh, *state, reverse=reverse)
+        return ys, (h, c)
 
 
 class GRU(_RNNBase):
@@ -308,9 +307,8 @@ class GRU(_RNNBase):
 
     gates = 3
 
-    def _cell(self, h, xt, weights):
-        h = gru_cell(xt, h, *weights)
-        return h, h
+    def _scan(self, xw, w_hh, b_hh, h, reverse):
+        return gru_scan(xw, w_hh, b_hh, h, reverse=reverse)
 
 
 class RNN(_RNNBase):
@@ -323,9 +321,8 @@ class RNN(_RNNBase):
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, rngs=rngs)
         self.nonlinearity = nonlinearity
 
-    def _cell(self, h, xt, weights):
-        h = rnn_cell(xt, h, *weights, nonlinearity=self.nonlinearity)
-        return h, h
+    def _scan(self, xw, w_hh, b_hh, h, reverse):
+        return rnn_scan(xw, w_hh, b_hh, h, self.nonlinearity, reverse=reverse)
 
 
 def _ntuple(v, n):
