@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from flaxport import runtime
 from flaxport.translate import capture as cap
 from flaxport.translate import ops as oplib
 from flaxport.translate import source as src
 from flaxport.translate.context import OpContext
+from flaxport.translate.naming import RESERVED, safe_name
 from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call
 
 SHORT_NAMES = {"scaled_dot_product_attention": "attn", "layer_norm": "normed", "group_norm": "normed",
@@ -219,8 +219,8 @@ class BodyRenderer:
         u = self.producer[v]
         if u.kind == "update" or u.key is None:
             return False
-        if u.kind == "call" and (len(u.outputs) != 1 or self.plan._specs.get(u.frame.path) is not None
-                                 and self.plan._specs[u.frame.path].core):
+        if u.kind == "call" and (len(u.outputs) != 1 or self.plan.specs.get(u.frame.path) is not None
+                                 and self.plan.specs[u.frame.path].core):
             return False
         if u.kind == "op" and isinstance(v.meta.get("val"), (list, tuple)):
             return self._multi_inlinable(v)
@@ -358,7 +358,7 @@ class BodyRenderer:
             targets = list(stmt.targets) if stmt and stmt.targets else []
             wanted = {}
             u0 = members[0][0]
-            spec = self.plan._specs.get(u0.frame.path) if u0.kind == "call" else None
+            spec = self.plan.specs.get(u0.frame.path) if u0.kind == "call" else None
             if spec is not None and spec.core and targets:
                 for v in values:
                     position = spec.outputs[v.args[1]][1]
@@ -380,7 +380,7 @@ class BodyRenderer:
         return True
 
     def _claim(self, v, base: str, pos):
-        base = _safe_name(base)
+        base = safe_name(base)
         name, k = base, 1
         while name in self.live and self.live[name] > pos or name in RESERVED:
             k += 1
@@ -418,7 +418,7 @@ class BodyRenderer:
         if u.kind == "call":
             expr = self._call_expr(u)
             self._bind(*u.outputs)
-            spec = self.plan._specs.get(u.frame.path)
+            spec = self.plan.specs.get(u.frame.path)
             if spec is not None and spec.core:  # LSTM / GRU: destructure (out, (h, c)) as torch returns it
                 self.lines.append(f"{self._destructure(spec, u)} = {expr.text}")
                 return
@@ -556,7 +556,7 @@ class BodyRenderer:
             part = self.multi[parent][v.args[1]]
             if part is None or isinstance(part, Unsupported):  # an output the handler cannot compute
                 self.plan.unsupported(parent, self.frame, str(part or "an output of this op"))
-                return Expr(f"unsupported_{_safe_name(cap._target_name(parent))}()")
+                return Expr(f"unsupported_{safe_name(cap._target_name(parent))}()")
             return part
         if parent in self.exprs:
             return Expr(f"{self.exprs[parent].at(ATOM)}[{v.args[1]}]")
@@ -584,9 +584,9 @@ class BodyRenderer:
             self.plan.problems.append((f"{type(u.frame.module).__name__} at {u.frame.path} called by "
                                        f"{self.path}, which does not hold it (a module passed as an argument)",
                                        self.path, ""))
-            return Expr(f"unsupported_{_safe_name(u.frame.path)}()")
+            return Expr(f"unsupported_{safe_name(u.frame.path)}()")
         attr = self.plan.attr_expr(self.path, u.frame.path)
-        spec = self.plan._specs.get(u.frame.path)
+        spec = self.plan.specs.get(u.frame.path)
         if spec is not None and spec.state > 1 and len(args) == 1 + spec.state:  # given its state: as one tuple
             args = [args[0], f"({', '.join(args[1:])})"]
         return Expr(f"{attr}({', '.join(args)})")
@@ -631,7 +631,7 @@ class BodyRenderer:
         handler = oplib.lookup(node)
         if handler is None:
             self.plan.unsupported(node, self.frame, None)
-            return Expr(f"unsupported_{_safe_name(cap._target_name(node))}()")
+            return Expr(f"unsupported_{safe_name(cap._target_name(node))}()")
         ctx = OpContext(self, node)
         try:
             _sized_before_running(node)
@@ -639,7 +639,7 @@ class BodyRenderer:
             out = empty if empty is not None else ctx.finish(handler(ctx, node))
         except Unsupported as e:
             self.plan.unsupported(node, self.frame, str(e))
-            return Expr(f"unsupported_{_safe_name(cap._target_name(node))}()")
+            return Expr(f"unsupported_{safe_name(cap._target_name(node))}()")
         return out
 
     def _return(self, outputs) -> str:
@@ -800,17 +800,6 @@ class BodyRenderer:
         return Expr(text, oplib.UNARY if negative else ATOM)
 
 
-RESERVED = {"self", "jnp", "jax", "nnx", "lax", "np", "math", "None", "True", "False", "lambda", "return", "def",
-            "class", "in", "is", "not", "and", "or", "if", "else", "for", "while", "import", "from", "as", "with",
-            "global", "pass", "yield", "del", "try", "except", "finally", "raise", "assert", "break", "continue",
-            "input", "type", "len", "max", "min", "sum", "abs", "int", "float", "bool", "list", "tuple", "dict",
-            "range", "print", "id", "hash", "iter", "next", "map", "filter", "zip", "round", "pow", "all", "any"}
-RESERVED |= {n for n in dir(__import__("builtins")) if not n.startswith("_")}
-# What the file defines and imports besides the model's classes: the runtime pieces, the modules,
-# the loader (`load`).
-RESERVED |= runtime.names() | set(runtime.STANDARD) | set(runtime.IMPORTS) | {"load", "flaxport_conv"}
-
-
 def _empty_result(ctx, node):
     """An op whose every result is an empty array (a size 0 that export fixed): the zeros of that shape,
     whatever the op (JAX refuses some ops on empty arrays, such as a reshape to -1). Random ops still
@@ -836,13 +825,6 @@ def _sized_before_running(node):
     tensors = [v for v in _pytree.tree_leaves(node.meta.get("val")) if torch.is_tensor(v)]
     if any(free_unbacked_symbols(tuple(t.shape)) for t in tensors):
         raise Unsupported("its result's size depends on tensor values, which a jitted JAX function cannot have")
-
-
-def _safe_name(name: str) -> str:
-    import re
-
-    name = re.sub(r"\W", "_", name).strip("_") or "h"
-    return name if not name[0].isdigit() else "h" + name
 
 
 class _NotHere(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 
-from flaxport.translate.body import _safe_name
+from flaxport.translate.naming import safe_name
 from flaxport.translate.plan import MARK, VAGUE_HINTS, CallConstants, Line, body_lines, hashable
 
 
@@ -15,7 +15,7 @@ def constants_calls_differ_in(plan) -> CallConstants:
     over the calls), or the code itself where an argument torch was called with tells the calls
     apart (HF ModernBERT's rotary embedding reads `{layer_type}_inv_freq`: one branch per value)."""
     found = CallConstants()
-    for path, kind in plan._kinds.items():
+    for path, kind in plan.kinds.items():
         if kind != "generated":
             continue
         calls: dict = {}
@@ -63,7 +63,7 @@ def constants_calls_differ_in(plan) -> CallConstants:
                     if vector not in names:
                         carried = [name for name, values in arguments.items() if values == vector]
                         base = carried[0] if len(carried) == 1 else \
-                            _safe_name(hint) if hint and hint not in VAGUE_HINTS else "value"
+                            safe_name(hint) if hint and hint not in VAGUE_HINTS else "value"
                         taken = set(names.values()) | set(params)
                         names[vector] = next(n for n in [base, *(f"{base}{k}" for k in range(2, 1000))] if n not in taken)
                     positions[(li, si)] = names[vector]

@@ -12,7 +12,8 @@ import re
 
 from flaxport import runtime
 from flaxport.translate import calls
-from flaxport.translate.body import BodyRenderer, _safe_name
+from flaxport.translate.body import BodyRenderer
+from flaxport.translate.naming import safe_name
 from flaxport.translate.plan import (MARK, VAGUE_HINTS, ClassDef, Instance, Line, ModeValue, body_lines, hashable,
                                      keyed)
 
@@ -40,7 +41,7 @@ def _render_every_call(plan):
     done = []
     for mode, capture in plan.captures.items():
         for frame in _postorder(capture.root):
-            kind = plan._kinds.get(frame.path, "generated")
+            kind = plan.kinds.get(frame.path, "generated")
             if kind == "sequential" and any(plan.asks_sizes(child) for child in frame.children):
                 plan.unseal_sequential(frame.path)
                 # the modes rendered before this one hold calls of it too: render those now
@@ -155,7 +156,7 @@ def layer_constructor(plan, path) -> list:
     """Parts of the runtime layer's constructor call for the torch module at path."""
     from flaxport.translate import layers as layer_table
 
-    spec = plan._specs[path]
+    spec = plan.specs[path]
     module = plan.modules[path]
     if not spec.runtime.startswith("nnx."):
         plan.helpers.add(spec.runtime)
@@ -185,7 +186,7 @@ def layer_constructor(plan, path) -> list:
 
 def child_constructor(plan, path):
     """Parts of the constructor expression of the module at path (None: no attribute)."""
-    kind = plan._kinds.get(path)
+    kind = plan.kinds.get(path)
     if kind == "layer":
         return layer_constructor(plan, path)
     if kind == "generated":
@@ -238,7 +239,7 @@ def _ready(plan, path) -> bool:
     module = plan.modules[path]
     for name, _ in module.named_children():
         child = f"{path}.{name}" if path else name
-        kind = plan._kinds.get(child)
+        kind = plan.kinds.get(child)
         if kind == "generated" and child in plan.instances and plan.instances[child].cls is None:
             return False
         if kind in ("sequential", "container") and not _ready(plan, child):
@@ -307,7 +308,7 @@ def build_classes(plan):
     render_bodies(plan)
     _element_functions(plan)
     pending = []
-    for path, kind in plan._kinds.items():
+    for path, kind in plan.kinds.items():
         if kind != "generated" or not plan.used(path) and path:
             continue
         bodies, params, training = _mode_bodies(plan, path)
@@ -351,7 +352,7 @@ def build_classes(plan):
 def _element_functions(plan):
     """Functions for the parameter-free modules inside an nn.Sequential: `jax.nn.relu`, `lambda x: ...`
     (a class where the module's code is more than one expression)."""
-    for path, kind in plan._kinds.items():
+    for path, kind in plan.kinds.items():
         if kind != "element" or path in plan.lambdas:
             continue
         for mode, frame in plan.frames_by_path.get(path, []):
@@ -359,7 +360,7 @@ def _element_functions(plan):
             if body is None:
                 continue
             if len(body.lines) != 1 or not body.lines[0].startswith("return "):
-                plan._kinds[path] = "generated"  # more than an expression (LocalResponseNorm): a class of its own
+                plan.kinds[path] = "generated"  # more than an expression (LocalResponseNorm): a class of its own
                 break
             expr = MARK.sub(lambda m: repr(body.slots[int(m.group(1))][0]), body.lines[0][len("return "):])
             param = body.params[0] if body.params else "x"
@@ -375,7 +376,7 @@ def _group(plan, cls, instances, names_taken):
         key = (tuple(line.text for line in inst.init), tuple(line.text for line in inst.call), tuple(inst.params))
         variants.setdefault(key, []).append(inst)
     ordered = list(variants.values())
-    base_name = _safe_name(cls.__name__)
+    base_name = safe_name(cls.__name__)
     if keyword.iskeyword(base_name):
         base_name += "_"
     first_attrs = _attrs(ordered[0][0])
@@ -431,8 +432,8 @@ def _parameters(cdef: ClassDef):
                      if tuple(map(hashable, vectors[(p, l, k)])) == hv]
             ranked = sorted(set(hints), key=lambda h: (-hints.count(h), h in VAGUE_HINTS,
                                                        HINT_ORDER.index(h) if h in HINT_ORDER else len(HINT_ORDER), h))
-            free = [h for h in ranked if _safe_name(h) not in names]
-            name = attr_vectors.get(hv) or _safe_name(free[0] if free else ranked[0])
+            free = [h for h in ranked if safe_name(h) not in names]
+            name = attr_vectors.get(hv) or safe_name(free[0] if free else ranked[0])
             base, k = name, 1
             while name in names:
                 k += 1

@@ -28,10 +28,7 @@ from collections import Counter
 from flaxport.translate import capture as cap
 from flaxport.translate import layers as layer_table
 from flaxport.translate import source as src
-from flaxport.translate.body import _safe_name
-
-NNX_RESERVED = {"train", "eval", "set_attributes", "sow", "perturb", "iter_modules", "iter_children", "training",
-                "deterministic", "use_running_average", "rngs"}
+from flaxport.translate.naming import NNX_RESERVED, safe_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,14 +127,15 @@ class Plan:
                 # a module torch shares is one class at each of its paths: each renders its calls
                 for path in self.shared.get(frame.path, [frame.path]):
                     self.frames_by_path.setdefault(path, []).append((mode, frame))
-        self._aliases = _aliases(module)  # tied weights: every name of one tensor
+        self.aliases = _aliases(module)  # tied weights: every name of one tensor
         self._io: dict = {}
         self._calls: dict = {}  # id(capture) -> _calls_by_home
         self._eval_frames = {f.key: f for f in captures["eval"].root.walk()} if "eval" in captures else {}
         self._extra_syms: dict = {}
         self._size_exprs: dict = {}  # text -> sympy expression of the sizes calls ask for
-        self._kinds: dict = {}
-        self._specs: dict = {}
+        # torch path -> what it becomes: layer, generated, sequential, container, inline, element, unused
+        self.kinds: dict = {}
+        self.specs: dict = {}  # torch path -> the runtime layer's LayerSpec, for each "layer"
         self._synth: dict = {}
         self._const_names: dict = {}
         # twins (one op in other captures of the forward) by key: node names shift between modes
@@ -184,19 +182,19 @@ class Plan:
             else:
                 spec = layer_table.layer_spec(m, frames)
                 if spec is not None:
-                    self._specs[path] = spec
+                    self.specs[path] = spec
                     kind = "layer"
                 else:
                     # a module the forward never calls whose variables it reads (through a method of
                     # the module: timm's rotary embedding `self.rope.get_embed()`) holds them: a class
                     # with only a constructor
                     kind = "generated" if frames or self.used(path) else "unused"
-            self._kinds[path] = kind
+            self.kinds[path] = kind
         # inline modules inside a called Sequential are elements of it: rendered as functions
-        for path, kind in list(self._kinds.items()):
+        for path, kind in list(self.kinds.items()):
             parent = path.rsplit(".", 1)[0] if "." in path else ""
-            if path and kind == "inline" and self._kinds.get(parent) == "sequential":
-                self._kinds[path] = "element"
+            if path and kind == "inline" and self.kinds.get(parent) == "sequential":
+                self.kinds[path] = "element"
 
     def asks_sizes(self, frame) -> bool:
         """Does this call take sizes from its caller (need_symbol) besides its arrays?"""
@@ -206,14 +204,14 @@ class Plan:
         """An nn.Sequential one of whose elements asks its caller for sizes (timm's MaxPool2dSame
         pads by amounts computed from the image size): nnx.Sequential passes one value along, so
         it becomes a class of its own that calls its elements in order, passing the sizes."""
-        self._kinds[path] = "generated"
-        for child, kind in list(self._kinds.items()):
+        self.kinds[path] = "generated"
+        for child, kind in list(self.kinds.items()):
             if kind == "element" and child.rpartition(".")[0] == path:
-                self._kinds[child] = "inline"
+                self.kinds[child] = "inline"
 
     def kind(self, frame_or_path) -> str:
         path = frame_or_path if isinstance(frame_or_path, str) else frame_or_path.path
-        kind = self._kinds.get(path, "generated")
+        kind = self.kinds.get(path, "generated")
         return "call" if kind == "element" and not isinstance(frame_or_path, str) else kind
 
     def used(self, path) -> bool:
@@ -223,7 +221,7 @@ class Plan:
 
     def constructed(self, path) -> bool:
         """Does the translated model hold the module at path as an attribute?"""
-        kind = self._kinds.get(path)
+        kind = self.kinds.get(path)
         return kind == "layer" or kind not in ("inline", "element", "unused") and self.used(path)
 
     def held(self, path) -> bool:
@@ -231,7 +229,7 @@ class Plan:
         none of the modules above it is one the forward never calls (a vision tower of a
         multimodal model given only text: its weights are left out, as unused)."""
         parents = [path.rsplit(".", k)[0] for k in range(1, path.count(".") + 1)]
-        return (self.used(path) or self._kinds.get(path) == "layer") and all(self.used(p) for p in parents)
+        return (self.used(path) or self.kinds.get(path) == "layer") and all(self.used(p) for p in parents)
 
     def ties(self) -> list:
         """[(alias, home)] attribute expressions from the top module: torch shares one module or one
@@ -250,7 +248,7 @@ class Plan:
                 if not under_tied(path):
                     out.append((self.attr_expr("", path), self.attr_expr("", built[0])))
                     tied.add(path)
-        for names in sorted({tuple(g) for g in self._aliases.values()}):
+        for names in sorted({tuple(g) for g in self.aliases.values()}):
             owners = [n.rpartition(".") for n in names]
             built = [(o, a) for o, _, a in owners if self.constructed(o) and not self.shared.get(o)]
             for owner, attr in built[1:]:
@@ -283,7 +281,7 @@ class Plan:
                  for mode, c in self.captures.items()}
         weights = [{w: chw for w, chw in f.values()} for f in found.values()]
         common = {w: chw for w, chw in weights[0].items()
-                  if all(other.get(w) == chw for other in weights[1:]) and not self._aliases.get(w)}
+                  if all(other.get(w) == chw for other in weights[1:]) and not self.aliases.get(w)}
         self.flat_weights = common
         self.flattened = {mode: {n: w for n, (w, _) in f.items() if w in common} for mode, f in found.items()}
 
@@ -296,7 +294,7 @@ class Plan:
         element before them (nnx.Sequential passes values on as they are)."""
         out = set()
         for frame in capture.root.walk():
-            if self._kinds.get(frame.path) != "sequential":
+            if self.kinds.get(frame.path) != "sequential":
                 continue
             children = frame.children
             for prev, cur in zip(children, children[1:]):
@@ -344,7 +342,7 @@ class Plan:
 
         if not self.layouts.get(capture.mode):
             return lay.TORCH
-        kind = self._kinds.get(frame.path)
+        kind = self.kinds.get(frame.path)
         if kind == "layer":
             user = next((n for n in frame.all_nodes() if arg in n.all_input_nodes), None)
             return self.wanted(capture, user, arg) if user is not None else lay.TORCH
@@ -378,7 +376,7 @@ class Plan:
         outputs = self._results_of_every_call(frame, capture, outputs)
         if self.f64 is not None and capture is self.f64:
             outputs = self._in_translation_order(frame, outputs)
-        spec = self._specs.get(frame.path)
+        spec = self.specs.get(frame.path)
         if spec is not None and spec.core:
             inputs = self._layer_inputs(frame, spec, inputs)
         else:
@@ -462,7 +460,7 @@ class Plan:
         modules it calls (written inline)."""
         for item in frame.items:
             if isinstance(item, cap.Frame):
-                if self._kinds.get(item.path) in ("inline", "element"):
+                if self.kinds.get(item.path) in ("inline", "element"):
                     yield from self._own_nodes(item)
             else:
                 yield item
@@ -503,7 +501,7 @@ class Plan:
 
     def _owned(self, path, capture, node) -> bool:
         ph = capture.placeholders[node]
-        names = self._aliases.get(ph.target, [ph.target]) if ph.kind in ("param", "buffer") else [None]
+        names = self.aliases.get(ph.target, [ph.target]) if ph.kind in ("param", "buffer") else [None]
         for name in names:
             owner = self.placeholder_owner(capture, node) if name is None else \
                 (name.rsplit(".", 1)[0] if "." in name else "")
@@ -515,7 +513,7 @@ class Plan:
         """placeholder_name, choosing among tied names the one inside the module at `path`."""
         ph = capture.placeholders[node]
         if ph.kind in ("param", "buffer"):
-            for name in self._aliases.get(ph.target, [ph.target]):
+            for name in self.aliases.get(ph.target, [ph.target]):
                 owner = name.rsplit(".", 1)[0] if "." in name else ""
                 if not path or owner == path or owner.startswith(path + "."):
                     return name
@@ -560,7 +558,7 @@ class Plan:
         for i, name in enumerate(names):
             if name is None:
                 name = next((p for p in params if p not in names and p not in out), None) or ("x" if i == 0 else f"x{i}")
-            out.append(_safe_name(name))
+            out.append(safe_name(name))
         return out
 
     # ------------------------------------------------------------------ state
@@ -585,11 +583,11 @@ class Plan:
         frames = capture.node_frames()
         users = list(node.users)
         frame = frames.get(users[0]) if users else capture.root
-        while frame is not None and self._kinds.get(frame.path) in ("inline", "element", "layer"):
+        while frame is not None and self.kinds.get(frame.path) in ("inline", "element", "layer"):
             frame = frame.parent
         path = frame.path if frame is not None else ""
         stmt = src.statement(users[0], src.class_file(type(self.modules[path]))) if users else None
-        base = _safe_name(stmt.targets[0]) if stmt and stmt.targets and stmt.targets[0] else "constant"
+        base = safe_name(stmt.targets[0]) if stmt and stmt.targets and stmt.targets[0] else "constant"
         taken = {n.rsplit(".", 1)[-1] for n in self._const_names.values() if n.rsplit(".", 1)[0] == path}
         taken |= self._attribute_names(path)
         name, k = base, 1
@@ -618,7 +616,7 @@ class Plan:
 
     # ------------------------------------------------------------------ attribute access
     def attr_name(self, name: str) -> str:
-        name = _safe_name(name)
+        name = safe_name(name)
         return name + "_" if name in NNX_RESERVED else name
 
     def attr_expr(self, from_path: str, to_path: str) -> str:
@@ -626,7 +624,7 @@ class Plan:
         rel = to_path[len(from_path) + 1:] if from_path else to_path
         text, cur = "self", from_path
         for part in rel.split(".") if rel else []:
-            kind = self._kinds.get(cur)
+            kind = self.kinds.get(cur)
             parent = self.modules[cur]
             if kind == "sequential":
                 text += f".layers[{_position(parent, part)}]"
@@ -645,7 +643,7 @@ class Plan:
         """The NNX state path of a torch module path ('layer1.0.conv1' -> ('layer1', 'layers', 0, 'conv1'))."""
         out, cur = [], ""
         for part in torch_path.split(".") if torch_path else []:
-            kind = self._kinds.get(cur)
+            kind = self.kinds.get(cur)
             if kind == "sequential":
                 out += ["layers", _position(self.modules[cur], part)]
             elif kind == "container":

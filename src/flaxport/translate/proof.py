@@ -319,7 +319,7 @@ def not_finite_in(module, args, kwargs) -> bool:
 
 def _frame_values(plan, frame, values) -> list:
     """The JAX leaves of a call, aligned with the frame's output nodes."""
-    spec = plan._specs.get(frame.path)
+    spec = plan.specs.get(frame.path)
     outputs = plan.io(frame)[1]
     if spec is not None and spec.core:
         order = {0: [0], 1: [1], 2: [2]}  # leaves of (out, (h, c)) / (out, h): in core-op order
@@ -399,7 +399,7 @@ def _objects(model, plan) -> dict:
     from flax import nnx
 
     out = {}
-    for path, kind in plan._kinds.items():
+    for path, kind in plan.kinds.items():
         if not path or kind not in ("layer", "generated", "sequential"):
             continue
         obj = model

@@ -224,7 +224,7 @@ class Translation:
         held = {tuple(p) for p, _ in nnx.to_flat_state(nnx.state(model))}
         for name, path in list(self.names.items()):
             if path not in held:
-                home = next((self.names[n] for n in self.plan._aliases.get(name, []) if self.names.get(n) in held), None)
+                home = next((self.names[n] for n in self.plan.aliases.get(name, []) if self.names.get(n) in held), None)
                 if home is not None:
                     self.names[name] = home
 
