@@ -195,13 +195,14 @@ def _translated(module, inputs, conv, translation, files, train) -> dict:
     if files is not None:
         return _from_files(files, train)
     from flaxport.translate import translate
-    from flaxport.translate.train_step import _namespace, write_train_step
+    from flaxport.translate.train_step import write_train_step
+    from flaxport.translate.training.proof import namespace
 
     t = translation or translate(module, inputs, conv=conv, check=False)
     out = {"model": lambda dtype: _cast(t.new_model(), dtype, jax, jnp)}
     if train:
         source = write_train_step(t, module, OPTIMIZER, LOSS, check=False).source
-        make = _namespace(source)["make_train_step"]
+        make = namespace(source)["make_train_step"]
 
         def step(dtype):
             train_step, state, _ = make(_cast(t.new_model(), dtype, jax, jnp))

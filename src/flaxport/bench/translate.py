@@ -97,7 +97,8 @@ def _train_runs(config, twin, images, jnp, np) -> dict:
     import torch
 
     from flaxport.translate import translate
-    from flaxport.translate.train_step import Loss, _namespace, write_train_step
+    from flaxport.translate.train_step import Loss, write_train_step
+    from flaxport.translate.training.proof import namespace
     from flaxport.workloads.cnn import step as cnn_step
 
     labels = np.random.default_rng(0).integers(0, config.num_classes, images.shape[0]).astype(np.int32)
@@ -106,7 +107,7 @@ def _train_runs(config, twin, images, jnp, np) -> dict:
     for name, layout, conv in TRANSLATIONS:
         t = translate(twin.train(), images, layout=layout, conv=conv, check=False)
         made = write_train_step(t, twin, adam, Loss("nll_loss", {}, "F.nll_loss"), check=False)
-        train_step, state, _ = _namespace(made.source)["make_train_step"](t.new_model())
+        train_step, state, _ = namespace(made.source)["make_train_step"](t.new_model())
 
         def run(box, x, train_step=train_step):
             box[0], loss = train_step(box[0], x, jnp.asarray(labels))

@@ -172,14 +172,14 @@ def check_input_memory(texts, specs) -> None:
 
     import numpy as np
 
-    from flaxport.workloads.validate import _bytes, available_bytes
+    from flaxport.workloads.validate import available_bytes, size_text
 
     sizes = [math.prod(shape) * np.dtype("bool" if dtype == "bool" else dtype).itemsize for shape, dtype in specs]
     free = available_bytes()
     if free is not None and sum(sizes) > free:
         worst = max(range(len(sizes)), key=sizes.__getitem__)
-        raise UserError(f"--input {texts[worst]}: the example inputs need {_bytes(sum(sizes))} of memory, "
-                        f"more than the {_bytes(free)} free here; translate needs a small example batch")
+        raise UserError(f"--input {texts[worst]}: the example inputs need {size_text(sum(sizes))} of memory, "
+                        f"more than the {size_text(free)} free here; translate needs a small example batch")
 
 
 def load_factory(spec: str):

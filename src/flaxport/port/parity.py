@@ -231,7 +231,7 @@ def _run_flax(flax_module, variables, xs, kwargs, train, loss_fn, masks=(), drop
     return _arrays(out), captured, (new.get("batch_stats") if new else None), grads
 
 
-class _TorchPrecision:
+class TorchPrecision:
     """No TF32 in torch matmuls/convs and no oneDNN for the duration (restored after)."""
 
     def __enter__(self):
@@ -330,7 +330,7 @@ def _check(torch_module, flax_module, variables, inputs, *, train, loss_fn, atol
     tm = set_torch_mode(copy.deepcopy(torch_module), train)
     notes = silence_recurrent_dropout(tm)
     log = DropoutLog()
-    with _TorchPrecision():
+    with TorchPrecision():
         t_out, t_caps, t_grads = _run_torch(tm, inputs, torch_kwargs or {}, t_loss if want_grads else None,
                                             (dropout, np.random.default_rng(seed), log))
     fkw = {**mode_kwargs(flax_module, train), **(flax_kwargs or {})}

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from flaxport.errors import UserError
-from flaxport.port.parity import _TorchPrecision, compare
+from flaxport.port.parity import TorchPrecision, compare
 from flaxport.port.report import Row, _Report
 from flaxport.port.weights import set_torch_mode
 
@@ -265,7 +265,7 @@ def _check(torch_module, torch_optimizer, loss_fn, flax_side, inputs, targets, *
             replayed, t_loss = [], 0.0
             for xs_i, ys_i in zip(micro_xt, micro_yt):
                 log, drawn = DropoutLog(), draws.Draws()
-                with _TorchPrecision(), torch.random.fork_rng():
+                with TorchPrecision(), torch.random.fork_rng():
                     with torch_dropout(dropout, rng, log), draws.torch_recording(drawn):
                         out = tm(*xs_i, **(torch_kwargs or {}))
                     micro_loss = loss_fn(out, ys_i) / loop.accumulate if loop.accumulate > 1 else loss_fn(out, ys_i)

@@ -585,9 +585,9 @@ def _sort_arguments(args, kwargs) -> dict:
 
 @contextlib.contextmanager
 def _torch_precision():
-    from flaxport.port.parity import _TorchPrecision
+    from flaxport.port.parity import TorchPrecision
 
-    with _TorchPrecision():
+    with TorchPrecision():
         yield
 
 

@@ -22,7 +22,7 @@ from flaxport.port.weights import set_torch_mode
 from flaxport.translate.training.losses import Loss, as_loss, parse_loss  # noqa: F401 - the module's API
 from flaxport.translate.training.optimizer import (as_optimizer, chain_code, make_torch_optimizer,  # noqa: F401
                                                    optimizer_text, parse_optimizer, transform_sources)
-from flaxport.translate.training.proof import ATOL, RTOL, namespace as _namespace  # noqa: F401
+from flaxport.translate.training.proof import ATOL, RTOL
 from flaxport.translate.training.texts import TrainStepError  # noqa: F401
 
 STEPS = 5

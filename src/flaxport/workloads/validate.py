@@ -169,8 +169,8 @@ def check_memory(workload_name: str, config, context: str = "") -> None:
     if budget is None or need <= budget:
         return
     what = worst[1] if worst[0] >= state[0] else state[1]
-    raise UserError(f"{context}{workload_name} needs about {_bytes(need)} of memory ({what}), more than the "
-                    f"{_bytes(budget)} free here; lower those settings")
+    raise UserError(f"{context}{workload_name} needs about {size_text(need)} of memory ({what}), more than the "
+                    f"{size_text(budget)} free here; lower those settings")
 
 
 def available_bytes() -> int | None:
@@ -207,7 +207,8 @@ def _host_bytes() -> int | None:
         return None
 
 
-def _bytes(n: float) -> str:
+def size_text(n: float) -> str:
+    """A byte count as people read it: 1.5e9 -> "1.5 GB"."""
     for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
         if n < 1000 or unit == "PB":
             return f"{n:.3g} {unit}"
