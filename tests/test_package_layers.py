@@ -56,3 +56,20 @@ def test_port_builds_on_nothing_above_it():
     above = imports_between_parts()["flaxport.port"] & {"flaxport.translate", "flaxport.workloads", "flaxport.cli",
                                                          "flaxport.bench"}
     assert not above, f"flaxport.port imports {sorted(above)}"
+
+
+def test_no_part_imports_another_parts_private_names():
+    """`from flaxport.port.parity import _Thing` in translate is a reach past port's interface."""
+    import ast
+
+    from flaxport.bench.layers import ROOT, module_name, part
+
+    reached = []
+    for path in sorted(ROOT.rglob("*.py")):
+        here = part(module_name(path))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("flaxport."):
+                if part(node.module) != here:
+                    reached += [f"{module_name(path)}: {node.module}.{a.name}" for a in node.names
+                                if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not reached, reached

@@ -38,7 +38,9 @@ def _uniform(bound: float):
     return init
 
 
-class _Recurrent(nn.Module):
+class Recurrent(nn.Module):
+    """What LSTM and GRU share: torch's layers, directions, dropout between layers and unbatched input."""
+
     hidden_size: int
     num_layers: int = 1
     bias: bool = True
@@ -89,7 +91,7 @@ class _Recurrent(nn.Module):
         return out, (stacked[0] if len(stacked) == 1 else tuple(stacked))
 
 
-class LSTM(_Recurrent):
+class LSTM(Recurrent):
     """torch.nn.LSTM(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional).
 
     __call__(x, (h0, c0) or None, deterministic=True) -> (output, (h_n, c_n)); output
@@ -110,7 +112,7 @@ class LSTM(_Recurrent):
         return lstm_scan(xw, w_hh, b_hh, state[0], state[1], reverse)
 
 
-class GRU(_Recurrent):
+class GRU(Recurrent):
     """torch.nn.GRU(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional).
 
     __call__(x, h0 or None, deterministic=True) -> (output, h_n); shapes as LSTM's.

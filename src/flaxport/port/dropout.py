@@ -248,7 +248,7 @@ class FlaxMasks:
         """Intercept flax.linen.Dropout calls (those inside flaxport.nn.LSTM/GRU are off)."""
         from flax import linen as fnn
 
-        from flaxport.nn.recurrent import _Recurrent
+        from flaxport.nn.recurrent import Recurrent
 
         def intercept(next_fun, args, kwargs, context):
             mod = context.module
@@ -259,7 +259,7 @@ class FlaxMasks:
             if det:
                 return args[0] if args else kwargs["inputs"]
             x = args[0] if args else kwargs["inputs"]
-            return self.apply(x, float(mod.rate), isinstance(mod.parent, _Recurrent))
+            return self.apply(x, float(mod.rate), isinstance(mod.parent, Recurrent))
 
         with fnn.intercept_methods(intercept):
             yield self

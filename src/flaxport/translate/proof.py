@@ -180,14 +180,14 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     with x64, jax.default_matmul_precision("highest"):
         model = t.new_model(dtype=jnp.float64 if f64 else None)
         model.eval()
-        inputs = _jax_arguments(t, dtype)
+        inputs = jax_arguments(t, dtype)
         try:
             with jax_noise(draws, masks):
                 records, jax_out = _run_recorded(t, model, inputs)
         except (rnd.DrawMismatch, DropoutMismatchError) as e:
             return [_draws_differ(e)]
         records = [(path, [np.asarray(a) for a in _leaves(out)]) for path, out in records]
-        jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
+        jax_leaves = [np.asarray(a) for a in leaves_like(jax_out, torch_out)]
 
     rows = []
     calls: dict = {}  # a module torch shares is one object: its calls at all its paths, in order
@@ -228,10 +228,10 @@ def output_leaves(out) -> list:
     numbers it returns (sizes, .item()); None left out, as JAX's tree leaves leave it."""
     import torch
 
-    return [_numpy(a) for a in torch.utils._pytree.tree_leaves(out) if a is not None]
+    return [to_numpy(a) for a in torch.utils._pytree.tree_leaves(out) if a is not None]
 
 
-def _numpy(a):
+def to_numpy(a):
     """A tensor (any dtype NumPy lacks, such as bfloat16, widened) or a number, as NumPy."""
     import torch
 
@@ -331,16 +331,16 @@ def _frame_values(plan, frame, values) -> list:
     return values
 
 
-def _leaves_like(out, torch_out) -> list:
+def leaves_like(out, torch_out) -> list:
     """The JAX output's arrays in the order torch's output flattens (JAX sorts dict keys)."""
     import jax
 
     if isinstance(out, dict) and hasattr(torch_out, "keys"):
-        return [a for k in torch_out.keys() if k in out for a in _leaves_like(out[k], torch_out[k])]
+        return [a for k in torch_out.keys() if k in out for a in leaves_like(out[k], torch_out[k])]
     if isinstance(out, (tuple, list)) and hasattr(torch_out, "to_tuple"):
         torch_out = torch_out.to_tuple()
     if isinstance(out, (tuple, list)) and isinstance(torch_out, (tuple, list)) and len(out) == len(torch_out):
-        return [a for o, t in zip(out, torch_out) for a in _leaves_like(o, t)]
+        return [a for o, t in zip(out, torch_out) for a in leaves_like(o, t)]
     return jax.tree.leaves(out)
 
 
@@ -449,7 +449,7 @@ def _one_path(plan, path: str) -> str:
     return plan.shared.get(path, [path])[0]
 
 
-def _jax_arguments(t, dtype) -> list:
+def jax_arguments(t, dtype) -> list:
     """The translated model's positional arguments: the example's, as JAX arrays (cast when dtype)."""
     import jax.numpy as jnp
     import torch
@@ -559,7 +559,7 @@ def _interpret(capture, args, kwargs, draws=None, masks=None, keep=None) -> dict
         def run_node(self, n):
             result = super().run_node(n)
             if n.op == "call_function" and torch.is_tensor(result) and (keep is None or n.name in keep):
-                env[n.name] = _numpy(result).copy()
+                env[n.name] = to_numpy(result).copy()
             return result
 
     gm = capture.program.graph_module
@@ -691,7 +691,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         model = t.new_model(dtype=jnp.float64 if f64 else None)
         model.train()
         model.set_attributes(nnx.Dropout, deterministic=True, raise_if_not_found=False)
-        inputs = _jax_arguments(t, dtype)
+        inputs = jax_arguments(t, dtype)
         graphdef, state = nnx.split(model)
 
         def step(state, xs):
@@ -704,7 +704,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         except rnd.DrawMismatch as e:
             return ParityReport([_draws_differ(e)], True, atol, rtol)
         nnx.update(model, state)
-        jax_leaves = [np.asarray(a) for a in _leaves_like(jax_out, torch_out)]
+        jax_leaves = [np.asarray(a) for a in leaves_like(jax_out, torch_out)]
         saved = _state_dict_of(t, model)
     rows = []
     unset = uninitialised_outputs(capture, len(torch_leaves))

@@ -217,14 +217,14 @@ def _files(t, module, args, kwargs, out) -> str:
     import torch
 
     # the proof's own input and output order, and its record and replay of random draws and dropout
-    from flaxport.translate.proof import (_jax_arguments, _leaves_like, _numpy, jax_noise, torch_noise,
+    from flaxport.translate.proof import (jax_arguments, jax_noise, leaves_like, to_numpy, torch_noise,
                                          uninitialised_outputs)
 
     capture = t.plan.captures.get("eval") or next(iter(t.plan.captures.values()))
     with torch_noise(capture) as (draws, masks):
         torch_out = torch_output(module, args, kwargs)
     # a Python number torch returns (.item(), a torch.Size) is an array in model.py's output
-    expected = [_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
+    expected = [to_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
                 if torch.is_tensor(a) or isinstance(a, (int, float))]
     with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as directory:
         t.save(directory)
@@ -232,10 +232,10 @@ def _files(t, module, args, kwargs, out) -> str:
         model_py = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(model_py)
         model = model_py.load(directory)
-    inputs = _jax_arguments(t, None)
+    inputs = jax_arguments(t, None)
     model.eval()
     with jax.default_matmul_precision("highest"), jax_noise(draws, masks):
-        got = [np.asarray(a) for a in _leaves_like(_call(model, inputs), torch_out)]
+        got = [np.asarray(a) for a in leaves_like(_call(model, inputs), torch_out)]
     if len(got) != len(expected):
         return f"model.py returns {len(got)} arrays in eval mode, torch {len(expected)}"
     differences, unset = [], uninitialised_outputs(capture, len(expected))
