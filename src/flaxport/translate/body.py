@@ -20,6 +20,7 @@ from flaxport.translate import ops as oplib
 from flaxport.translate import source as src
 from flaxport.translate.context import OpContext
 from flaxport.translate.naming import RESERVED, safe_name
+from flaxport.translate.sizes import print_size
 from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call
 
 SHORT_NAMES = {"scaled_dot_product_attention": "attn", "layer_norm": "normed", "group_norm": "normed",
@@ -682,7 +683,7 @@ class BodyRenderer:
             return found
 
         try:
-            return _print(expr, here, held)
+            return print_size(expr, here, held)
         except _NotHere:
             name = self.plan.need_symbol(self.frame, expr)
             self.asked[str(expr)] = name
@@ -829,67 +830,3 @@ def _sized_before_running(node):
 
 class _NotHere(Exception):
     """A size symbol no array of this call holds (sym_expr then asks the caller)."""
-
-
-def _print(expr, resolve, held=lambda e: None) -> Expr:
-    """A sympy size expression as Python (floor division, products, sums of shape entries);
-    resolve(symbol) -> text, held(expression) -> `v.shape[d]` of an array holding it, or None."""
-    import sympy
-
-    def go(e):
-        if isinstance(e, sympy.Symbol):
-            return Expr(resolve(e))
-        shape = None if e.is_number else held(e)
-        if shape is not None:
-            return Expr(shape)
-        if isinstance(e, sympy.Integer) or e.is_Integer:
-            v = int(e)
-            return Expr(str(v), ATOM if v >= 0 else oplib.UNARY)
-        if e.is_Float or e.is_Rational:  # a scale factor in a size (interpolate's scale_factor=1.7)
-            v = float(e)
-            return Expr(repr(v), ATOM if v >= 0 else oplib.UNARY)
-        if isinstance(e, sympy.Add):
-            terms = sorted(e.args, key=lambda t: (t.is_number, str(t)))
-            text = go(terms[0]).at(oplib.ADD)
-            for t in terms[1:]:
-                if t.is_number and t < 0:
-                    text += f" - {go(-t).at(oplib.ADD + 1)}"
-                else:
-                    text += f" + {go(t).at(oplib.ADD + 1)}"
-            return Expr(text, oplib.ADD)
-        if isinstance(e, sympy.Mul):
-            factors = sorted(e.args, key=lambda t: (not t.is_number, str(t)))
-            if factors[0] == -1:
-                rest = sympy.Mul(*factors[1:])
-                return Expr(f"-{go(rest).at(oplib.UNARY)}", oplib.UNARY)
-            parts = [go(f).at(oplib.MUL) for f in factors[1:]] if factors[0].is_number and False else \
-                [go(f).at(oplib.MUL + 1) for f in factors]
-            return Expr(" * ".join(parts), oplib.MUL)
-        name = type(e).__name__
-        if name in ("FloorDiv",):
-            a, b = e.args
-            return Expr(f"{go(a).at(oplib.MUL)} // {go(b).at(oplib.MUL + 1)}", oplib.MUL)
-        if name in ("CeilDiv",):
-            a, b = e.args
-            return Expr(f"-(-{go(a).at(oplib.UNARY)} // {go(b).at(oplib.MUL + 1)})", oplib.UNARY)
-        if name in ("Mod", "PythonMod"):
-            a, b = e.args
-            return Expr(f"{go(a).at(oplib.MUL)} % {go(b).at(oplib.MUL + 1)}", oplib.MUL)
-        if name in ("Max", "Min"):
-            return Expr(f"{name.lower()}({', '.join(go(a).text for a in e.args)})")
-        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-            return Expr(f"{go(e.base).at(oplib.POWER + 1)} ** {int(e.exp)}", oplib.POWER)
-        if name in ("FloatTrueDiv", "IntTrueDiv"):  # true division of sizes (float results)
-            a, b = e.args
-            return Expr(f"{go(a).at(oplib.MUL)} / {go(b).at(oplib.MUL + 1)}", oplib.MUL)
-        if name == "ToFloat":
-            return Expr(f"float({go(e.args[0]).text})")
-        rounding = {"TruncToInt": "int", "FloorToInt": "math.floor", "floor": "math.floor", "CeilToInt": "math.ceil",
-                    "ceiling": "math.ceil", "RoundToInt": "round"}
-        if name in rounding:
-            return Expr(f"{rounding[name]}({go(e.args[0]).text})")
-        raise Unsupported(f"a size expression {e}")
-
-    return go(expr)
-
-
