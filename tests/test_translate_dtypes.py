@@ -218,3 +218,29 @@ def test_top_k_ties_are_compared_in_one_order_torch_may_give():
     assert ((x > 0).sum(-1) < 3).any()
     t = translate(TopThree().eval(), x)
     assert t.report.ok, t.report.first_divergence
+
+
+class PinnedRouter(nn.Module):
+    """A mixture-of-experts router as HF writes it: `hidden_states.float()` against a weight of its own,
+    so torch's own float64 forward fails ("float != double") and the train check runs in float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.weight = nn.Parameter(torch.randn(3, 4))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(self.proj(x).float(), self.weight).softmax(-1)
+
+
+def test_a_float32_pinned_against_a_weight_checks_train_mode_in_float32():
+    from flaxport.translate import translate
+    from flaxport.translate.proof import check_train
+
+    module = PinnedRouter().train()
+    with pytest.raises(RuntimeError, match="float != double"):
+        PinnedRouter().double()(torch.randn(2, 4, dtype=torch.float64))
+    t = translate(module, torch.randn(2, 4), check=False)
+    report = check_train(t, module)
+    assert report.ok, report.first_divergence
+    assert "torch cannot run it in float64" in report.rows[0].note
