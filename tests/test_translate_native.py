@@ -162,3 +162,29 @@ def test_the_kernels_check_allows_float32_rounding_as_the_model_amplifies_it():
     amplifying = SimpleNamespace(max_rel=5e-11)  # MobileNetV2's ReLU6 stack in float64
     assert native_kernel_fault(amplifying, (0.002, 0.0012), ATOL) == ""
     assert "on flaxport's kernels" in native_kernel_fault(amplifying, (0.9, 0.9), ATOL)
+
+
+def test_a_float32_figure_xla_shares_is_rounding_not_the_kernels():
+    """A row off in float32 on flaxport's kernels fails the proof only where XLA's convolutions get it
+    right; where XLA is as far off (a top-k choice of queries that float32 rounding flips, HF D-FINE),
+    the row stays proved with a note. XLA is run only when a row is suspect."""
+    from flaxport.translate.proof import ATOL, Row, blame_kernels
+
+    def rows():
+        return [Row("forward", name, name, (2, 4), 1e-17, 1e-16, True) for name in ("queries", "head")]
+
+    asked = []
+
+    def xla(figures):
+        return lambda: asked.append(1) or figures
+
+    flipped = rows()
+    blame_kernels(flipped, [(0.6, 0.6), (1e-7, 1e-7)], ATOL, xla({("forward", "queries"): (0.5, 0.5)}))
+    assert [r.ok for r in flipped] == [True, True] and "XLA's convolutions" in flipped[0].note
+    wrong = rows()
+    blame_kernels(wrong, [(0.6, 0.6), (1e-7, 1e-7)], ATOL, xla({("forward", "queries"): (1e-7, 1e-7)}))
+    assert [r.ok for r in wrong] == [False, True] and "on flaxport's kernels" in wrong[0].note
+    assert len(asked) == 2
+    fine = rows()
+    blame_kernels(fine, [(1e-7, 1e-7), (1e-7, 1e-7)], ATOL, xla({}))
+    assert all(r.ok for r in fine) and len(asked) == 2
