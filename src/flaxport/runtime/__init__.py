@@ -1,8 +1,10 @@
-"""The torch-faithful JAX code a generated model file carries: layers and functions.
+"""torch's numerics in JAX, one copy: the functions and NNX layers a translated model file carries,
+and what flaxport.nn's Linen layers run.
 
 Real, tested modules; the emitter copies the source of the pieces a model uses into the
 generated file, which imports only jax, flax, numpy and the standard library. native.py
-holds what the default `--conv native` puts in place of functions.py's convolution.
+holds what the default `--conv native` puts in place of functions.py's convolution; loader.py
+the weights reader of the file's `load()`.
 """
 from __future__ import annotations
 
