@@ -171,6 +171,47 @@ def test_outputs_a_cast_reorders_in_float64_are_compared_in_the_translations_ord
     assert t.report.ok, t.report.first_divergence
 
 
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        mask = mask.type_as(x)
+        return self.linear(x) * mask[..., None]
+
+
+class EncoderDecoder(nn.Module):
+    """HF Funnel's pattern: a float32 mask made in forward, cast by both halves. In float32 the
+    encoder's cast is the mask itself, so the decoder reads it from the encoder; in float64 not."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.decoder = Masked(), Masked()
+
+    def forward(self, x):
+        mask = torch.ones(x.shape[:2])
+        return self.decoder(self.encoder(x, mask), mask)
+
+
+def test_a_call_returning_more_in_float32_than_in_float64_is_compared_output_by_output():
+    from flaxport.translate import translate
+
+    t = translate(EncoderDecoder().eval(), torch.randn(2, 5, 8))
+    assert t.report.ok, t.report.first_divergence
+    encoder = [r for r in t.report.rows if r.torch_name == "encoder"]
+    assert len(encoder) == 1 and encoder[0].ok and encoder[0].shape == (2, 5, 8), encoder
+
+
+def test_parameters_read_on_one_line_take_their_names_in_the_order_the_line_writes_them():
+    from flaxport.translate import translate
+
+    t = translate(EncoderDecoder().eval(), torch.randn(2, 5, 8))
+    masked = t.source[t.source.index("class Masked("):]
+    assert "mask = mask.astype(x.dtype)" in masked, masked
+    assert "self.linear(x)" in masked, masked
+
+
 class L2Norm(nn.Module):
     """`x.float()` is x itself in a float32 model, so torch.export reads `.type_as(x)` from the cast."""
 

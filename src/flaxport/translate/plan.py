@@ -442,9 +442,26 @@ class Plan:
         """A float64 call's outputs in the order the translation returns them (its eval-mode twin's):
         a cast made only in float64 (`return cos.to(x.dtype), sin.to(x.dtype)` after computing sin
         first) puts them in another order than the graph of the float32 capture."""
-        twin = self._eval_frames.get(frame.key)
+        want, keys = self._twin_keys(frame, outputs)
+        return [outputs[keys.index(w)] for w in want] if want and Counter(keys) == Counter(want) else outputs
+
+    def translation_positions(self, frame) -> list:
+        """For each of io(frame)'s outputs, its index among the values the translated call returns
+        (None: the translation does not return it). They differ where the float64 capture shares
+        fewer values: torch.export merged Funnel's two `attention_mask.type_as(x)` into one in
+        float32, so the translated encoder returns the mask as well, and not in float64."""
+        outputs = self.io(frame)[1]
+        want, keys = self._twin_keys(frame, outputs)
+        if not want:
+            return list(range(len(outputs)))
+        return [want.index(k) if k in want else None for k in keys]
+
+    def _twin_keys(self, frame, outputs):
+        """(keys of the eval-mode twin's outputs, or [] without a float64 twin; keys of `outputs`),
+        a cast made only in float64 keyed as the value it casts."""
+        twin = self._eval_frames.get(frame.key) if self.f64 is not None and self._capture_of(frame) is self.f64 else None
         if twin is None:
-            return outputs
+            return [], []
         want = [cap.twin_key(n) for n in self.io(twin)[1]]
 
         def key(node):
@@ -452,8 +469,7 @@ class Plan:
                 return cap.twin_key(node.args[0])
             return cap.twin_key(node)
 
-        keys = [key(n) for n in outputs]
-        return [outputs[keys.index(w)] for w in want] if Counter(keys) == Counter(want) else outputs
+        return want, [key(n) for n in outputs]
 
     def _own_nodes(self, frame):
         """The nodes this call's own body renders: its own, and those of the parameter-free
@@ -553,7 +569,7 @@ class Plan:
         file = src.class_file(cls)
         names = []
         for v in inputs:
-            names.append(_reading_parameter(frame, v, params, file, names))
+            names.append(_reading_parameter(frame, v, params, file, names, inputs))
         out = []
         for i, name in enumerate(names):
             if name is None:
@@ -822,15 +838,21 @@ def _not_held(arrays, sizes) -> list:
             and not derivable(size.meta["val"].node.expr)]
 
 
-def _reading_parameter(frame, v, params, file, taken) -> str | None:
+def _reading_parameter(frame, v, params, file, taken, inputs=()) -> str | None:
     """The forward parameter (not in `taken`) named on the source line of `frame`'s class that
-    first reads value v, or None."""
+    first reads value v, or None. Where that line reads several parameters (`mask.type_as(x)`),
+    the op's arguments are matched to them in the order the line writes them."""
     for node in frame.all_nodes():
         if v in node.all_input_nodes:
             for f, line, _ in reversed(src.frames(node)):
                 if f == file:
                     seen = src.names_on_line(f, line)
                     options = [p for p in params if p in seen and p not in taken]
+                    read = [p for p in src.names_read_on_line(f, line) if p in params]
+                    args = [a for a in node.all_input_nodes if a in inputs]
+                    rank = args.index(v) if v in args else -1
+                    if 0 <= rank < len(read) and read[rank] in options:
+                        return read[rank]
                     return options[0] if options else None
             return None
     return None

@@ -354,7 +354,7 @@ def _frame_values(plan, frame, values) -> list:
             idx = node.args[1] if "getitem" in str(node.target) else 0
             out.append(values[order[idx][0]] if idx < len(values) else None)
         return out
-    return values
+    return [values[i] if i is not None and i < len(values) else None for i in plan.translation_positions(frame)]
 
 
 def leaves_like(out, torch_out) -> list:
