@@ -6,10 +6,11 @@
 // multiplying it (docs/cpu.md). These kernels never materialise patches: each output
 // tile keeps its sums in vector registers while the kh x kw window streams past.
 //
-// Two operations, both "valid" (the caller pads), float32, any stride, dilation, kernel
-// size and group count:
-//   flaxport_conv_fwd: x (N, Hp, Wp, Cin), w (G, B, kh, kw, Cin/G, 16V) -> y (N, Ho, Wo, G*Cog)
-//   flaxport_conv_dw:  x (N, Hp, Wp, Cin), dy (N, Ho, Wo, G*Cog) -> dw (G*Cog, Cin/G, kh, kw)
+// Two operations, float32, any stride, dilation, kernel size and group count:
+//   flaxport_conv_fwd: x (N, H, W, Cin), w (G, B, kh, kw, Cin/G, 16V) -> y (N, Ho, Wo, G*Cog),
+//                      x zero-padded by the attributes pad_top/bottom/left/right (not copied)
+//   flaxport_conv_dw:  x (N, Hp, Wp, Cin), dy (N, Ho, Wo, G*Cog) -> dw (G*Cog, Cin/G, kh, kw),
+//                      "valid" (the caller pads x)
 // Cog (attribute group_out_channels) is the output channels of a group, held in B blocks of
 // V <= 4 vectors (16V channels), zeros past Cog: pack_cpu.cc packs torch's weights so, and
 // dw is written in torch's layout (or HWIO, attribute layout). A block's weights are
@@ -53,35 +54,82 @@ void fwd_tile(const float* const* xr, const float* w, float* const* yr, const in
   }
 }
 
-// Where output pixels live: pixel m of the flattened (n, ho, wo) output reads its window
-// from x + x_at(m) and writes y + y_at(m).
+// Where output pixels live: pixel m of the flattened (n, ho, wo) output has its window at
+// rows oy.. and columns ox.. of image img of the unpadded x (oy, ox < 0 in the top and left
+// padding) and writes y + y_at(m).
 struct PixelMap {
   const float* x;
   float* y;
-  int64_t ho, wo, x_image, x_row, x_col, cout;
-  const float* x_at(int64_t m) const {
-    const int64_t img = m / (ho * wo), rest = m % (ho * wo);
-    return x + img * x_image + (rest / wo) * x_row + (rest % wo) * x_col;
+  int64_t ho, wo, h, w, x_image, x_row, x_col, sh, sw, pad_top, pad_left, span_h, span_w, cout;
+  void origin(int64_t m, int64_t* img, int64_t* oy, int64_t* ox) const {
+    const int64_t rest = m % (ho * wo);
+    *img = m / (ho * wo);
+    *oy = (rest / wo) * sh - pad_top;
+    *ox = (rest % wo) * sw - pad_left;
   }
+  bool inside(int64_t oy, int64_t ox) const { return oy >= 0 && ox >= 0 && oy + span_h <= h && ox + span_w <= w; }
+  const float* x_at(int64_t img, int64_t oy, int64_t ox) const { return x + img * x_image + oy * x_row + ox * x_col; }
   float* y_at(int64_t m) const { return y + m * cout; }
 };
 
+// The padding is never written out (a copy of every layer's input): a window inside the image
+// is read where it is, and a window that reaches into the padding (the image's rim) is first
+// copied with its zeros into `scratch` (span_h x span_w cells of the group's cig channels,
+// read with the offsets `off_rim`). Either way every product is summed in the same order.
 template <int CB, bool Partial>
 void fwd_pixels(const PixelMap& map, int64_t first, int64_t last, const float* w, const int64_t* off,
-                int64_t positions, int64_t cig, const Tail& tail) {
+                const int64_t* off_rim, int64_t positions, int64_t cig, const Tail& tail) {
   constexpr int R = kTile<CB>;
   const float* xr[R];
   float* yr[R];
-  int64_t m = first;
-  for (; m + R <= last; m += R) {
-    for (int r = 0; r < R; ++r) xr[r] = map.x_at(m + r), yr[r] = map.y_at(m + r);
-    fwd_tile<R, CB, Partial>(xr, w, yr, off, positions, cig, tail);
+  int64_t rim[R], tiled = 0, rims = 0;
+  const int64_t cells = map.span_h * map.span_w * cig;
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < R * cells) scratch.resize(R * cells);
+
+  auto flush_rim = [&]() {  // the pixels in rim[0:rims], through the scratch
+    with_size<R + 1>(rims, [&](auto size) {
+      constexpr int RR = decltype(size)::value;
+      const float* xs[RR];
+      float* ys[RR];
+      for (int r = 0; r < RR; ++r) {
+        int64_t img, oy, ox;
+        map.origin(rim[r], &img, &oy, &ox);
+        float* cell = scratch.data() + r * cells;
+        for (int64_t a = 0; a < map.span_h; ++a)
+          for (int64_t b = 0; b < map.span_w; ++b, cell += cig) {
+            const int64_t row = oy + a, col = ox + b;
+            if (row >= 0 && row < map.h && col >= 0 && col < map.w)
+              std::memcpy(cell, map.x_at(img, row, col), cig * sizeof(float));
+            else
+              std::memset(cell, 0, cig * sizeof(float));
+          }
+        xs[r] = scratch.data() + r * cells;
+        ys[r] = map.y_at(rim[r]);
+      }
+      fwd_tile<RR, CB, Partial>(xs, w, ys, off_rim, positions, cig, tail);
+    });
+    rims = 0;
+  };
+  auto flush_tile = [&]() {
+    with_size<R + 1>(tiled, [&](auto size) {
+      fwd_tile<decltype(size)::value, CB, Partial>(xr, w, yr, off, positions, cig, tail);
+    });
+    tiled = 0;
+  };
+  for (int64_t m = first; m < last; ++m) {
+    int64_t img, oy, ox;
+    map.origin(m, &img, &oy, &ox);
+    if (map.inside(oy, ox)) {
+      xr[tiled] = map.x_at(img, oy, ox), yr[tiled] = map.y_at(m);
+      if (++tiled == R) flush_tile();
+    } else {
+      rim[rims] = m;
+      if (++rims == R) flush_rim();
+    }
   }
-  with_size<R>(last - m, [&](auto rest) {  // the last pixels
-    constexpr int RR = decltype(rest)::value;
-    for (int r = 0; r < RR; ++r) xr[r] = map.x_at(m + r), yr[r] = map.y_at(m + r);
-    fwd_tile<RR, CB, Partial>(xr, w, yr, off, positions, cig, tail);
-  });
+  if (tiled) flush_tile();
+  if (rims) flush_rim();
 }
 
 // The output pixels a weight-gradient sweep reads: `rows` rows of `images` images.
@@ -164,16 +212,29 @@ ffi::ErrorOr<Shapes> shapes(const char* op, ffi::Span<const int64_t> xd, ffi::Sp
 }
 
 ffi::Error ConvFwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                   ffi::ResultBuffer<ffi::F32> y, int64_t sh, int64_t sw, int64_t dh, int64_t dwl, int64_t cog) {
-  auto checked = shapes("flaxport_conv_fwd", x.dimensions(), w.dimensions(), y->dimensions(), sh, sw, dh, dwl, cog);
+                   ffi::ResultBuffer<ffi::F32> y, int64_t sh, int64_t sw, int64_t dh, int64_t dwl, int64_t cog,
+                   int64_t pad_top, int64_t pad_bottom, int64_t pad_left, int64_t pad_right) {
+  auto xd = x.dimensions();
+  if (xd.size() != 4 || pad_top < 0 || pad_bottom < 0 || pad_left < 0 || pad_right < 0)
+    return invalid("flaxport_conv_fwd: bad ranks or padding");
+  const int64_t padded[4] = {xd[0], xd[1] + pad_top + pad_bottom, xd[2] + pad_left + pad_right, xd[3]};
+  auto checked = shapes("flaxport_conv_fwd", ffi::Span<const int64_t>(padded, 4), w.dimensions(), y->dimensions(),
+                        sh, sw, dh, dwl, cog);
   if (checked.has_error()) return checked.error();
   const Shapes s = checked.value();
-  const int64_t pixels = s.n * s.ho * s.wo;
+  const int64_t pixels = s.n * s.ho * s.wo, h = xd[1], width = xd[2];
   if (pixels == 0) return ffi::Error::Success();
-  const std::vector<int64_t> off = s.positions();
+  const int64_t span_h = s.dh * (s.kh - 1) + 1, span_w = s.dw * (s.kw - 1) + 1;
+  // Offsets of each kernel position from a window's first cell: in x, and in a rim copy.
+  std::vector<int64_t> off(s.kh * s.kw), off_rim(s.kh * s.kw);
+  for (int64_t i = 0; i < s.kh; ++i)
+    for (int64_t j = 0; j < s.kw; ++j) {
+      off[i * s.kw + j] = (i * s.dh * width + j * s.dw) * s.cin;
+      off_rim[i * s.kw + j] = (i * s.dh * span_w + j * s.dw) * s.cig;
+    }
   const int64_t positions = s.kh * s.kw, block_weights = positions * s.cig * s.vectors * kLanes;
-  const PixelMap map{x.typed_data(), y->typed_data(), s.ho, s.wo, s.hp * s.wp * s.cin, s.sh * s.wp * s.cin,
-                     s.sw * s.cin, s.cout};
+  const PixelMap map{x.typed_data(), y->typed_data(), s.ho, s.wo, h, width, h * width * s.cin, width * s.cin,
+                     s.cin, s.sh, s.sw, pad_top, pad_left, span_h, span_w, s.cout};
   // Tasks: ~256 output pixels of one block of channels. A block's tasks are consecutive, so
   // they reuse its weights from L2 (a 512x512 3x3 conv's weights are 9 MB).
   constexpr int64_t kTaskPixels = 256;
@@ -186,8 +247,8 @@ ffi::Error ConvFwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     block_map.y += g * s.cog + c0;
     const float* wb = w.typed_data() + block * block_weights;
     with_channels(s, c0, [&](auto cb, auto partial, const Tail& tail) {
-      fwd_pixels<decltype(cb)::value, decltype(partial)::value>(block_map, first, last, wb, off.data(), positions,
-                                                                s.cig, tail);
+      fwd_pixels<decltype(cb)::value, decltype(partial)::value>(block_map, first, last, wb, off.data(),
+                                                                off_rim.data(), positions, s.cig, tail);
     });
   });
   return ffi::Error::Success();
@@ -277,7 +338,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlaxportConvFwd, flaxport::ConvFwd,
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>() FLAXPORT_CONV_ATTRS);
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>() FLAXPORT_CONV_ATTRS
+                                  .Attr<int64_t>("pad_top")
+                                  .Attr<int64_t>("pad_bottom")
+                                  .Attr<int64_t>("pad_left")
+                                  .Attr<int64_t>("pad_right"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlaxportConvDw, flaxport::ConvDw,
                               xla::ffi::Ffi::Bind()

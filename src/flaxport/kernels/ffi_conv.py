@@ -4,7 +4,7 @@ Two kernels (docs/cpu.md): `dense` runs any grouped convolution (groups = 1 incl
 `depthwise` one filter per channel. Both are 2-D, NHWC, float32, with any stride, dilation,
 kernel size and padding:
 
-forward:          y  = fwd(pad(x), w)
+forward:          y  = fwd(pad(x), w)   (dense: the padding read as zeros, never written out)
 weight gradient:  dw = dw_kernel(pad(x), dy)
 input gradient:   dx = fwd of dy with the flipped kernel, per phase of the stride (phases.py)
 
@@ -99,17 +99,22 @@ def pack(w, groups, layout, swap=False, rows=None, cols=None):
         col_start=np.int64(c0), col_step=np.int64(cs))
 
 
-def dense_forward(x_padded, packed, group_outputs, stride, dilation):
-    """x_padded (N, Hp, Wp, G*Ci), packed weights (G, B, kh, kw, Ci, 16V) -> (N, Ho, Wo, G*group_outputs), valid."""
+def dense_forward(x, packed, group_outputs, stride, dilation, pads=((0, 0), (0, 0))):
+    """x (N, H, W, G*Ci), packed weights (G, B, kh, kw, Ci, 16V) -> (N, Ho, Wo, G*group_outputs),
+    x zero-padded by pads ((top, bottom), (left, right)), all at least 0 (the kernel reads the
+    padding as zeros; it is never written out)."""
     _require()
-    n, hp, wp, _ = x_padded.shape
+    n, h, w, _ = x.shape
     g, _, kh, kw, _, _ = packed.shape
-    out = jax.ShapeDtypeStruct((n, _out_size(hp, kh, stride[0], dilation[0]),
-                                _out_size(wp, kw, stride[1], dilation[1]), g * group_outputs), jnp.float32)
+    (top, bottom), (left, right) = pads
+    out = jax.ShapeDtypeStruct((n, _out_size(h + top + bottom, kh, stride[0], dilation[0]),
+                                _out_size(w + left + right, kw, stride[1], dilation[1]), g * group_outputs),
+                               jnp.float32)
     # Under vmap (harness.vmap's stacked members) each member runs the kernel in turn:
     # the same sums, in the same order, as its own single run.
     return jax.ffi.ffi_call("flaxport_conv_fwd", out, vmap_method="sequential")(
-        x_padded, packed, **_window(stride, dilation), group_out_channels=np.int64(group_outputs))
+        x, packed, **_window(stride, dilation), group_out_channels=np.int64(group_outputs),
+        pad_top=np.int64(top), pad_bottom=np.int64(bottom), pad_left=np.int64(left), pad_right=np.int64(right))
 
 
 def _dense_weight_gradient(x_padded, dy, w, groups, layout, stride, dilation):
@@ -127,23 +132,23 @@ def dense(x, w, pads, stride, dilation, groups, layout=OIHW):
 
     pads ((top, bottom), (left, right)), stride (sh, sw), dilation (dh, dw), groups.
     """
-    return dense_forward(_pad(x, pads), pack(w, groups, layout), _dims(w, layout)[0] // groups, stride, dilation)
+    return dense_forward(x, pack(w, groups, layout), _dims(w, layout)[0] // groups, stride, dilation, pads)
 
 
 def _dense_fwd(x, w, pads, stride, dilation, groups, layout):
-    x_padded = _pad(x, pads)
-    y = dense_forward(x_padded, pack(w, groups, layout), _dims(w, layout)[0] // groups, stride, dilation)
-    return y, (x_padded, w, x.shape)
+    y = dense_forward(x, pack(w, groups, layout), _dims(w, layout)[0] // groups, stride, dilation, pads)
+    return y, (x, w)
 
 
 def _dense_bwd(pads, stride, dilation, groups, layout, residuals, dy):
-    x_padded, w, x_shape = residuals
+    x, w = residuals
+    x_shape, x_padded = x.shape, _pad(x, pads)
     dw = _dense_weight_gradient(x_padded, dy, w, groups, layout, stride, dilation)
     _, group_inputs, kh, kw = _dims(w, layout)
 
-    def correlate(dy_padded, rows, cols, sub_dilation):  # flipped taps, in and out channels swapped
+    def correlate(dy, pads, rows, cols, sub_dilation):  # flipped taps, in and out channels swapped
         packed = pack(w, groups, layout, swap=True, rows=rows[::-1], cols=cols[::-1])
-        return dense_forward(dy_padded, packed, group_inputs, (1, 1), sub_dilation)
+        return dense_forward(dy, packed, group_inputs, (1, 1), sub_dilation, pads)
 
     dx = input_gradient(dy, x_shape, (kh, kw), stride, dilation, pads, correlate)
     return dx, dw
@@ -188,8 +193,8 @@ def _depthwise_bwd(pads, stride, dilation, residuals, dy):
     x_padded, w, x_shape = residuals
     dw = _depthwise_weight_gradient(x_padded, dy, w.shape, stride, dilation)
 
-    def correlate(dy_padded, rows, cols, sub_dilation):
-        return depthwise_forward(dy_padded, _taps(_taps(w, rows, 0), cols, 1), (1, 1), sub_dilation)
+    def correlate(dy, pads, rows, cols, sub_dilation):
+        return depthwise_forward(_pad(dy, pads), _taps(_taps(w, rows, 0), cols, 1), (1, 1), sub_dilation)
 
     dx = input_gradient(dy, x_shape, w.shape[:2], stride, dilation, pads, correlate)
     return dx, dw

@@ -61,8 +61,9 @@ def input_gradient(dy, x_shape, kernel_hw, stride, dilation, pads, correlate):
     """dx (N, H, W, C) of a 2-D NHWC convolution, from dy (N, Ho, Wo, Co).
 
     kernel_hw: (kh, kw); stride, dilation: (sh, sw), (dh, dw); pads: ((top, bottom), (left, right)).
-    correlate(dy_padded, rows, cols, dilation) -> the stride-1 correlation of dy_padded with the
-    kernel taps `rows` x `cols` flipped (and its channels transposed), dilated by `dilation`.
+    correlate(dy, pads, rows, cols, dilation) -> the stride-1 correlation of dy, zero-padded by
+    pads ((top, bottom), (left, right), none negative), with the kernel taps `rows` x `cols`
+    flipped (and its channels transposed), dilated by `dilation`.
     """
     n, h, w = x_shape[:3]
     rows = axis_phases(h, kernel_hw[0], stride[0], dilation[0], pads[0][0], dy.shape[1])
@@ -74,7 +75,12 @@ def input_gradient(dy, x_shape, kernel_hw, stride, dilation, pads, correlate):
             if not rp.taps or not cp.taps:
                 parts.append(jnp.zeros((n, rp.count, cp.count, x_shape[3]), dy.dtype))
                 continue
-            padded = lax.pad(dy, jnp.zeros((), dy.dtype), ((0, 0, 0), rp.pad + (0,), cp.pad + (0,), (0, 0, 0)))
-            parts.append(correlate(padded, rp.taps, cp.taps, (rp.dilation, cp.dilation)))
+            # Negative pads crop dy here; the positive ones are the correlation's own padding.
+            crop = tuple(tuple(min(p, 0) for p in phase.pad) + (0,) for phase in (rp, cp))
+            cropped = dy
+            if min(rp.pad + cp.pad) < 0:
+                cropped = lax.pad(dy, jnp.zeros((), dy.dtype), ((0, 0, 0), *crop, (0, 0, 0)))
+            grow = tuple(tuple(max(p, 0) for p in phase.pad) for phase in (rp, cp))
+            parts.append(correlate(cropped, grow, rp.taps, cp.taps, (rp.dilation, cp.dilation)))
         out_rows.append(interleave(parts, stride[1], 2, w))
     return interleave(out_rows, stride[0], 1, h)

@@ -95,6 +95,51 @@ inline vec broadcast(const float* p) {
 #endif
 }
 
+// p[0], p[stride], ..., p[(lanes - 1) * stride], zeros in the other lanes.
+inline vec gather(const float* p, int64_t stride, int lanes) {
+#ifdef __AVX512F__
+  if (lanes == kLanes && stride * kLanes < (int64_t(1) << 31)) {
+    const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(static_cast<int>(stride)));
+    return reinterpret_cast<vec>(_mm512_i32gather_ps(index, p, 4));
+  }
+#endif
+  vec v = {};
+  for (int i = 0; i < lanes; ++i) v[i] = p[i * stride];
+  return v;
+}
+
+// m[r][c] <- m[c][r] for a 16 x 16 tile, in 4 rounds: each swaps the off-diagonal blocks of
+// every 2b x 2b block (b = 8, 4, 2, 1), two rows at a time with one two-vector shuffle a row.
+template <int B>
+inline void transpose_round(vec (&m)[kLanes]) {
+  typedef int ivec __attribute__((vector_size(kLanes * sizeof(int))));
+  const ivec low = [] {
+    ivec v{};
+    for (int c = 0; c < kLanes; ++c) v[c] = (c & B) ? kLanes + c - B : c;
+    return v;
+  }();
+  const ivec high = [] {
+    ivec v{};
+    for (int c = 0; c < kLanes; ++c) v[c] = (c & B) ? kLanes + c : c + B;
+    return v;
+  }();
+#pragma GCC unroll 16
+  for (int i = 0; i < kLanes; ++i) {
+    if (i & B) continue;
+    const vec a = m[i], z = m[i + B];
+    m[i] = __builtin_shuffle(a, z, low);
+    m[i + B] = __builtin_shuffle(a, z, high);
+  }
+}
+
+inline void transpose(vec (&m)[kLanes]) {
+  transpose_round<8>(m);
+  transpose_round<4>(m);
+  transpose_round<2>(m);
+  transpose_round<1>(m);
+}
+
 // Run body(i) for i in [0, n) on the caller and the pool's threads. Late pool tasks find
 // nothing left and return without touching `body`; the caller waits only for items that
 // were claimed, so a busy or one-thread pool cannot deadlock.
