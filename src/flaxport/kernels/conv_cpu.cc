@@ -29,16 +29,16 @@ namespace {
 template <int CB>
 constexpr int kTile = CB == 1 ? 14 : CB == 2 ? 12 : CB == 3 ? 8 : 6;
 
-// y[r, 0:CB*16] = sum over kernel positions p and group channels c of
+// y[r, 0:CB*16] = sum over kernel positions p in taken[0:count] and group channels c of
 // x[pixel r's window + off[p] + c] * w[p, c, 0:CB*16], for R output pixels r anywhere in
 // the batch (a tile may cross rows and images, so small images still fill the registers).
 template <int R, int CB, bool Partial>
-void fwd_tile(const float* const* xr, const float* w, float* const* yr, const int64_t* off, int64_t positions,
-              int64_t cig, const Tail& tail) {
+void fwd_tile(const float* const* xr, const float* w, float* const* yr, const int64_t* off, const int64_t* taken,
+              int64_t count, int64_t cig, const Tail& tail) {
   vec acc[R][CB] = {};
-  for (int64_t p = 0; p < positions; ++p) {
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t p = taken[k], o = off[p];
     const float* wt = w + p * cig * CB * kLanes;
-    const int64_t o = off[p];
     for (int64_t c = 0; c < cig; ++c, wt += CB * kLanes) {
       vec wv[CB];
       for (int b = 0; b < CB; ++b) wv[b] = load(wt + b * kLanes);
@@ -60,73 +60,68 @@ void fwd_tile(const float* const* xr, const float* w, float* const* yr, const in
 struct PixelMap {
   const float* x;
   float* y;
-  int64_t ho, wo, h, w, x_image, x_row, x_col, sh, sw, pad_top, pad_left, span_h, span_w, cout;
+  int64_t ho, wo, h, w, x_image, x_row, x_col, sh, sw, pad_top, pad_left, kh, kw, dh, dw, cout;
   void origin(int64_t m, int64_t* img, int64_t* oy, int64_t* ox) const {
     const int64_t rest = m % (ho * wo);
     *img = m / (ho * wo);
     *oy = (rest / wo) * sh - pad_top;
     *ox = (rest % wo) * sw - pad_left;
   }
-  bool inside(int64_t oy, int64_t ox) const { return oy >= 0 && ox >= 0 && oy + span_h <= h && ox + span_w <= w; }
+  // The kernel taps [first, last) of one axis whose cells lie in the image.
+  static void in_image(int64_t start, int64_t taps, int64_t dilation, int64_t size, int64_t* first, int64_t* last) {
+    *first = start >= 0 ? 0 : (-start + dilation - 1) / dilation;
+    *last = start >= size ? 0 : std::min(taps, (size - 1 - start) / dilation + 1);
+  }
   const float* x_at(int64_t img, int64_t oy, int64_t ox) const { return x + img * x_image + oy * x_row + ox * x_col; }
   float* y_at(int64_t m) const { return y + m * cout; }
 };
 
 // The padding is never written out (a copy of every layer's input): a window inside the image
-// is read where it is, and a window that reaches into the padding (the image's rim) is first
-// copied with its zeros into `scratch` (span_h x span_w cells of the group's cig channels,
-// read with the offsets `off_rim`). Either way every product is summed in the same order.
+// reads all kernel positions, a window on the image's rim only those whose cell is in the image
+// (the padding's products are zeros: torch's oneDNN skips them too, and a 7x7 input gradient of
+// a 1x1 map has 48 of every 49 in it). Rim pixels with the same positions share a tile.
 template <int CB, bool Partial>
 void fwd_pixels(const PixelMap& map, int64_t first, int64_t last, const float* w, const int64_t* off,
-                const int64_t* off_rim, int64_t positions, int64_t cig, const Tail& tail) {
+                const int64_t* every, int64_t positions, int64_t cig, const Tail& tail) {
   constexpr int R = kTile<CB>;
   const float* xr[R];
   float* yr[R];
-  int64_t rim[R], tiled = 0, rims = 0;
-  const int64_t cells = map.span_h * map.span_w * cig;
-  thread_local std::vector<float> scratch;
-  if (static_cast<int64_t>(scratch.size()) < R * cells) scratch.resize(R * cells);
-
-  auto flush_rim = [&]() {  // the pixels in rim[0:rims], through the scratch
-    with_size<R + 1>(rims, [&](auto size) {
-      constexpr int RR = decltype(size)::value;
-      const float* xs[RR];
-      float* ys[RR];
-      for (int r = 0; r < RR; ++r) {
-        int64_t img, oy, ox;
-        map.origin(rim[r], &img, &oy, &ox);
-        float* cell = scratch.data() + r * cells;
-        for (int64_t a = 0; a < map.span_h; ++a)
-          for (int64_t b = 0; b < map.span_w; ++b, cell += cig) {
-            const int64_t row = oy + a, col = ox + b;
-            if (row >= 0 && row < map.h && col >= 0 && col < map.w)
-              std::memcpy(cell, map.x_at(img, row, col), cig * sizeof(float));
-            else
-              std::memset(cell, 0, cig * sizeof(float));
-          }
-        xs[r] = scratch.data() + r * cells;
-        ys[r] = map.y_at(rim[r]);
-      }
-      fwd_tile<RR, CB, Partial>(xs, w, ys, off_rim, positions, cig, tail);
-    });
-    rims = 0;
-  };
+  const float* xs[R];
+  float* ys[R];
+  int tiled = 0, rims = 0;
+  int64_t window[4] = {-1, -1, -1, -1}, count = 0;
+  std::vector<int64_t> taken(positions);
   auto flush_tile = [&]() {
     with_size<R + 1>(tiled, [&](auto size) {
-      fwd_tile<decltype(size)::value, CB, Partial>(xr, w, yr, off, positions, cig, tail);
+      fwd_tile<decltype(size)::value, CB, Partial>(xr, w, yr, off, every, positions, cig, tail);
     });
     tiled = 0;
   };
+  auto flush_rim = [&]() {
+    with_size<R + 1>(rims, [&](auto size) {
+      fwd_tile<decltype(size)::value, CB, Partial>(xs, w, ys, off, taken.data(), count, cig, tail);
+    });
+    rims = 0;
+  };
   for (int64_t m = first; m < last; ++m) {
-    int64_t img, oy, ox;
+    int64_t img, oy, ox, taps[4];
     map.origin(m, &img, &oy, &ox);
-    if (map.inside(oy, ox)) {
+    PixelMap::in_image(oy, map.kh, map.dh, map.h, &taps[0], &taps[1]);
+    PixelMap::in_image(ox, map.kw, map.dw, map.w, &taps[2], &taps[3]);
+    if (taps[0] == 0 && taps[1] == map.kh && taps[2] == 0 && taps[3] == map.kw) {
       xr[tiled] = map.x_at(img, oy, ox), yr[tiled] = map.y_at(m);
       if (++tiled == R) flush_tile();
-    } else {
-      rim[rims] = m;
-      if (++rims == R) flush_rim();
+      continue;
     }
+    if (rims && !std::equal(taps, taps + 4, window)) flush_rim();
+    if (!std::equal(taps, taps + 4, window)) {
+      std::copy(taps, taps + 4, window);
+      count = 0;
+      for (int64_t i = taps[0]; i < taps[1]; ++i)
+        for (int64_t j = taps[2]; j < taps[3]; ++j) taken[count++] = i * map.kw + j;
+    }
+    xs[rims] = map.x_at(img, oy, ox), ys[rims] = map.y_at(m);  // read only at the taken offsets
+    if (++rims == R) flush_rim();
   }
   if (tiled) flush_tile();
   if (rims) flush_rim();
@@ -224,17 +219,13 @@ ffi::Error ConvFwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   const Shapes s = checked.value();
   const int64_t pixels = s.n * s.ho * s.wo, h = xd[1], width = xd[2];
   if (pixels == 0) return ffi::Error::Success();
-  const int64_t span_h = s.dh * (s.kh - 1) + 1, span_w = s.dw * (s.kw - 1) + 1;
-  // Offsets of each kernel position from a window's first cell: in x, and in a rim copy.
-  std::vector<int64_t> off(s.kh * s.kw), off_rim(s.kh * s.kw);
+  std::vector<int64_t> off(s.kh * s.kw), every(s.kh * s.kw);  // each position's offset in a window
   for (int64_t i = 0; i < s.kh; ++i)
-    for (int64_t j = 0; j < s.kw; ++j) {
-      off[i * s.kw + j] = (i * s.dh * width + j * s.dw) * s.cin;
-      off_rim[i * s.kw + j] = (i * s.dh * span_w + j * s.dw) * s.cig;
-    }
+    for (int64_t j = 0; j < s.kw; ++j) off[i * s.kw + j] = (i * s.dh * width + j * s.dw) * s.cin;
+  for (int64_t p = 0; p < s.kh * s.kw; ++p) every[p] = p;
   const int64_t positions = s.kh * s.kw, block_weights = positions * s.cig * s.vectors * kLanes;
   const PixelMap map{x.typed_data(), y->typed_data(), s.ho, s.wo, h, width, h * width * s.cin, width * s.cin,
-                     s.cin, s.sh, s.sw, pad_top, pad_left, span_h, span_w, s.cout};
+                     s.cin, s.sh, s.sw, pad_top, pad_left, s.kh, s.kw, s.dh, s.dw, s.cout};
   // Tasks: ~256 output pixels of one block of channels. A block's tasks are consecutive, so
   // they reuse its weights from L2 (a 512x512 3x3 conv's weights are 9 MB).
   constexpr int64_t kTaskPixels = 256;
@@ -248,7 +239,7 @@ ffi::Error ConvFwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     const float* wb = w.typed_data() + block * block_weights;
     with_channels(s, c0, [&](auto cb, auto partial, const Tail& tail) {
       fwd_pixels<decltype(cb)::value, decltype(partial)::value>(block_map, first, last, wb, off.data(),
-                                                                off_rim.data(), positions, s.cig, tail);
+                                                                every.data(), positions, s.cig, tail);
     });
   });
   return ffi::Error::Success();

@@ -4,7 +4,7 @@ Two kernels (docs/cpu.md): `dense` runs any grouped convolution (groups = 1 incl
 `depthwise` one filter per channel. Both are 2-D, NHWC, float32, with any stride, dilation,
 kernel size and padding:
 
-forward:          y  = fwd(pad(x), w)   (dense: the padding read as zeros, never written out)
+forward:          y  = fwd(pad(x), w)   (dense: the padding skipped, never written out)
 weight gradient:  dw = dw_kernel(pad(x), dy)
 input gradient:   dx = fwd of dy with the flipped kernel, per phase of the stride (phases.py)
 
@@ -101,8 +101,8 @@ def pack(w, groups, layout, swap=False, rows=None, cols=None):
 
 def dense_forward(x, packed, group_outputs, stride, dilation, pads=((0, 0), (0, 0))):
     """x (N, H, W, G*Ci), packed weights (G, B, kh, kw, Ci, 16V) -> (N, Ho, Wo, G*group_outputs),
-    x zero-padded by pads ((top, bottom), (left, right)), all at least 0 (the kernel reads the
-    padding as zeros; it is never written out)."""
+    x zero-padded by pads ((top, bottom), (left, right)), all at least 0 (the kernel skips the
+    padding's products; it is never written out)."""
     _require()
     n, h, w, _ = x.shape
     g, _, kh, kw, _, _ = packed.shape
