@@ -5,13 +5,15 @@ depthwise and grouped ones) it times the forward, the input gradient and the wei
 gradient through each route a translated file can take: flaxport's kernels
 (`flaxport.kernels.conv.convolution`), XLA's own convolution (YNNPACK where it takes it,
 else Eigen), and, for reference, torch's oneDNN (channels-last, the faster layout there).
-All in one process with the same threads, interleaved rounds, medians; GFLOP/s count
+All in one process with the same threads, interleaved rounds (each in a shuffled order),
+medians; GFLOP/s count
 2 x the multiply-adds, the same figure for every route.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -129,8 +131,14 @@ def run(args) -> dict:
                 calls[(route, part)] = call
         wall = {key: [] for key in calls}
         cpu = {key: [] for key in calls}
+        shuffle = random.Random(0).shuffle
+        order = list(calls)
         for _ in range(args.rounds):
-            for key, call in calls.items():
+            # Each round in another order (the same for every run): a call timed right after one
+            # of torch's, whose OpenMP threads may still spin on the cores, is not always the same.
+            shuffle(order)
+            for key in order:
+                call = calls[key]
                 t0, c0 = time.perf_counter(), time.process_time()
                 call()
                 wall[key].append(time.perf_counter() - t0)
