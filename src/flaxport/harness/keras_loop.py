@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from flaxport.errors import UserError
+from flaxport.harness.lifecycle import Lifecycle
 from flaxport.harness.loop import RunResult
-from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
+from flaxport.harness.metrics import steps_per_epoch
 from flaxport.harness.store import open_store
 from flaxport.harness.torch_loop import stream_seed
-from flaxport.harness.workdir import claim, write_pictures
 
 
 def import_keras():
@@ -59,26 +59,14 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
     backend = keras.backend.backend()
     name = name or f"keras-{backend}"
     epochs = config.epochs if epochs is None else epochs
-    identity = {"workload": workload.name, "framework": "keras"}
     store = checkpoint_store(workdir)
-    held = claim(workdir, identity, resume=resume, has_checkpoint=lambda w: store.latest() is not None)
-    workdir = held.path
-    try:
+    with Lifecycle(workload, workdir, "keras", resume=resume, has_checkpoint=lambda w: store.latest() is not None,
+                   quiet=quiet, saving=checkpoints) as life:
         ks = twin.init_state(config, seed)
-        meta = {**identity, "variant": config.variant, "seed": seed, "keras_backend": backend}
-        start = 0
-        if resume and store.latest() is not None:
-            _, saved = store.restore(ks, meta)  # refuses another run's checkpoint: nothing written yet
-            start = int(saved["epochs_done"])
-        if start < epochs:  # every check passed: from here on the run changes its workdir
-            held.commit({**dataclasses.asdict(config), "seed": seed, "keras_backend": backend})
-            store.clean_leftovers()
-            for moved in store.set_aside_damaged():
-                info(f"moved the damaged checkpoint to {moved}")
-        if start and not quiet:
-            info(f"resuming {workload.name} (keras) from epoch {start} in {workdir}")
-        if start >= epochs and not quiet:
-            info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
+        life.open(store)
+        life.restore(ks, {**life.identity, "variant": config.variant, "seed": seed, "keras_backend": backend})
+        start = life.start
+        life.begin({**dataclasses.asdict(config), "seed": seed, "keras_backend": backend}, epochs)
         bs = config.batch_size
         steps = steps_per_epoch(data, bs)
         n = len(next(iter(data.train.values())))
@@ -87,8 +75,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         def evaluate():
             return twin.evaluate(config, ks, data, stream_seed(seed, "eval"))
 
-        log = EpochLog(workdir, steps, start, progress, quiet)
-        try:
+        with life.epochs(steps, progress) as log:
             for epoch in range(start, epochs):
                 log.start(epoch, epochs)
                 t0 = time.perf_counter()
@@ -98,18 +85,11 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                                                 stream_seed(seed, "train", epoch), on_step=log.advance)
                 seconds = time.perf_counter() - t0  # the first epoch includes Keras's jit compile
                 quality, artifacts = log.end(epoch, step_metrics, seconds, seconds, evaluate)
-                if checkpoints:
-                    store.save(epoch + 1, ks.state_dict(), {**meta, "epochs_done": epoch + 1},
-                               step=(epoch + 1) * steps)
-        finally:
-            log.close()
-        if not log.history:
-            quality, artifacts = evaluate()
-        write_pictures(workload, workdir, data, artifacts, f"{workload.name} {name}, epoch {max(start, epochs)}")
+                life.save(epoch + 1, ks.state_dict(), steps)
+        quality, artifacts = life.finish(log, evaluate, data, f"{workload.name} {name}, epoch {max(start, epochs)}",
+                                         quality, artifacts)
         settings = {"keras_backend": backend, "keras": keras.__version__, "jit_compile": _jit_compile(ks)}
         return RunResult(name, "keras", log.epoch_seconds, 0.0, quality, log.history, ks, artifacts, settings)
-    finally:
-        held.release()
 
 
 def _jit_compile(ks):

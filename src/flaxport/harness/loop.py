@@ -15,9 +15,9 @@ import jax
 from flaxport.harness import rng
 from flaxport.harness.distributed import ShareFeed, make_placement
 from flaxport.harness.epoch import ResidentFeed, make_runner
-from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
+from flaxport.harness.lifecycle import Lifecycle
+from flaxport.harness.metrics import steps_per_epoch
 from flaxport.harness.store import open_store
-from flaxport.harness.workdir import claim, write_pictures
 
 
 @dataclasses.dataclass
@@ -58,22 +58,17 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
     name = name or f"jax-{runner_kind}"
     place = make_placement(devices, config.batch_size)
     quiet = quiet or not place.is_main  # one process speaks and writes files
-    identity = {"workload": workload.name, "framework": "jax"}
-    workdir = Path(workdir)
-    held = claim(workdir, identity, resume=resume, has_checkpoint=_has_orbax_checkpoint, write=place.is_main)
-    ckpt = None
-    try:
+    with Lifecycle(workload, workdir, "jax", resume=resume, has_checkpoint=_has_orbax_checkpoint, quiet=quiet,
+                   write=place.is_main) as life:
         local_keys = rng.streams(seed)
         state = (init_state or workload.init_state)(config, local_keys["init"])
         keys = place.replicate(local_keys)
-        meta = {**identity, "variant": config.variant, "seed": seed}
-        ckpt = open_store("jax", workdir / "checkpoints", placement=place) if checkpoints else None
-        start, resumed = 0, False
-        if resume and ckpt is not None and ckpt.latest() is not None:
-            state, saved = ckpt.restore(state, meta)  # refuses another run's checkpoint: nothing written yet
-            start, resumed = int(saved["epochs_done"]), True
-        else:
+        if checkpoints:
+            life.open(open_store("jax", life.workdir / "checkpoints", placement=place))
+        state, saved = life.restore(state, {**life.identity, "variant": config.variant, "seed": seed})
+        if not saved:
             state = place.replicate(state)
+        start = life.start
         steps = steps_per_epoch(data, config.batch_size)
         if place.multi_process:
             feed = ShareFeed(data.train, config.batch_size, steps, place, local_keys["data"])
@@ -82,16 +77,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                                 place.batch_sharding())
         run = make_runner(runner_kind, workload.make_train_step(config), steps, feed, place)
         compile_seconds = run.compile(state, feed.spec(), keys) if start < epochs else 0.0
-        if start < epochs:  # every check passed: from here on the run changes its workdir
-            held.commit({**dataclasses.asdict(config), "seed": seed, "runner": runner_kind})
-            if ckpt is not None:
-                ckpt.clean_leftovers()
-                for moved in ckpt.set_aside_damaged():
-                    info(f"moved the damaged checkpoint to {moved}")
-        if resumed and not quiet:
-            info(f"resuming {workload.name} from epoch {start} in {workdir}")
-        if start >= epochs and not quiet:
-            info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
+        life.begin({**dataclasses.asdict(config), "seed": seed, "runner": runner_kind}, epochs)
         quality, artifacts = {}, {}
 
         def evaluate():
@@ -99,8 +85,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 return {}, {}
             return workload.evaluate(config, place.local(state), data, rng.at(local_keys["eval"], 0))
 
-        log = EpochLog(workdir, steps, start, progress and not quiet, quiet, write=place.is_main)
-        try:
+        with life.epochs(steps, progress and not quiet) as log:
             for epoch in range(start, epochs):
                 log.start(epoch, epochs)
                 t0 = time.perf_counter()
@@ -109,21 +94,11 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 first = {"compile_seconds": compile_seconds} if epoch == start else {}
                 quality, artifacts = log.end(epoch, step_metrics, run_seconds + first.get("compile_seconds", 0.0),
                                              run_seconds, evaluate, **first)
-                if ckpt is not None:
-                    ckpt.save(epoch + 1, state, {**meta, "epochs_done": epoch + 1}, step=(epoch + 1) * steps)
-        finally:
-            log.close()
-        if not log.history:  # nothing trained (resumed a finished run): still report its quality
-            quality, artifacts = evaluate()
-        if place.is_main:
-            write_pictures(workload, workdir, data, artifacts, f"{workload.name} {name}, epoch {max(start, epochs)}")
+                life.save(epoch + 1, state, steps)
+        quality, artifacts = life.finish(log, evaluate, data, f"{workload.name} {name}, epoch {max(start, epochs)}",
+                                         quality, artifacts)
         settings = {"runner": runner_kind, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
                     "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
                     "devices": place.devices, "processes": place.processes}
         return RunResult(name, "jax", log.epoch_seconds, compile_seconds, quality, log.history, place.local(state),
                          artifacts, settings)
-    finally:
-        # Orbax runs a background event loop: close it on every path, errors included.
-        if ckpt is not None:
-            ckpt.close()
-        held.release()

@@ -9,6 +9,7 @@ Randomness is seeded per (seed, stream, epoch), so a resumed run is exact here t
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -20,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from flaxport.errors import TrainingDiverged
+from flaxport.harness.lifecycle import Lifecycle
 from flaxport.harness.loop import RunResult
-from flaxport.harness.metrics import EpochLog, info, steps_per_epoch
+from flaxport.harness.metrics import info, steps_per_epoch
 from flaxport.harness.store import open_store
-from flaxport.harness.workdir import claim, write_pictures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,25 +85,20 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
 
     twin = importlib.import_module(workload.torch_twin)
     epochs = config.epochs if epochs is None else epochs
-    identity = {"workload": workload.name, "framework": "torch"}
     store = checkpoint_store(workdir)
-    held = claim(workdir, identity, resume=resume, has_checkpoint=lambda w: store.latest() is not None)
-    workdir = held.path
-    old_threads = torch.get_num_threads()
-    try:
+    with Lifecycle(workload, workdir, "torch", resume=resume, has_checkpoint=lambda w: store.latest() is not None,
+                   quiet=quiet, saving=checkpoints) as life, _thread_count_kept(torch):
         # Only conv twins take a memory format; the option means nothing to an MLP.
         takes_format = "channels_last" in inspect.signature(twin.init_state).parameters
         extra = {"channels_last": options.channels_last} if takes_format else {}
         ts = twin.init_state(config, seed, fused=options.fused, set_to_none=options.set_to_none, **extra)
-        meta = {**identity, "variant": config.variant, "seed": seed}
-        start, saved_threads = 0, None
-        if resume and store.latest() is not None:
-            _, saved = store.restore(ts, meta)  # refuses another run's checkpoint: nothing written yet
-            start, saved_threads = int(saved["epochs_done"]), saved.get("threads")
+        life.open(store)
+        _, saved = life.restore(ts, {**life.identity, "variant": config.variant, "seed": seed})
+        start = life.start
         # torch's reductions round differently with another thread count, so a resumed
         # run keeps the count its checkpoint was trained with: resume stays exact.
-        if options.threads == "auto" and saved_threads:
-            threads = saved_threads
+        if options.threads == "auto" and saved.get("threads"):
+            threads = saved["threads"]
         elif options.threads == "auto":
             first = {k: torch.from_numpy(np.ascontiguousarray(v[: config.batch_size])) for k, v in data.train.items()}
             threads = tune_threads(torch, twin, config, ts, first)
@@ -114,15 +110,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
             torch.set_num_threads(threads)
         if options.compile:
             twin.compile_models(ts)
-        if start < epochs:  # every check passed: from here on the run changes its workdir
-            held.commit({**dataclasses.asdict(config), "seed": seed, "torch": dataclasses.asdict(options)})
-            store.clean_leftovers()
-            for moved in store.set_aside_damaged():
-                info(f"moved the damaged checkpoint to {moved}")
-        if start and not quiet:
-            info(f"resuming {workload.name} (torch) from epoch {start} in {workdir}")
-        if start >= epochs and not quiet:
-            info(f"{workdir} already holds {start} epochs; nothing to train (ask for more with --epochs)")
+        life.begin({**dataclasses.asdict(config), "seed": seed, "torch": dataclasses.asdict(options)}, epochs)
         arrays = data.train
         bs = config.batch_size
         steps = steps_per_epoch(data, bs)
@@ -133,8 +121,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
         def evaluate():
             return twin.evaluate(config, ts, data, stream_seed(seed, "eval"))
 
-        log = EpochLog(workdir, steps, start, progress, quiet)
-        try:
+        with life.epochs(steps, progress) as log:
             for epoch in range(start, epochs):
                 log.start(epoch, epochs)
                 t0 = time.perf_counter()
@@ -169,18 +156,19 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                     step_metrics = {k: torch.stack([m[k] for m in per_step]).numpy() for k in per_step[0]}
                 seconds = time.perf_counter() - t0
                 quality, artifacts = log.end(epoch, step_metrics, seconds, seconds, evaluate)
-                if checkpoints:
-                    store.save(epoch + 1, ts.state_dict(),
-                               {**meta, "epochs_done": epoch + 1, "threads": torch.get_num_threads()},
-                               step=(epoch + 1) * steps)
-        finally:
-            log.close()
-        if not log.history:
-            quality, artifacts = evaluate()
-        write_pictures(workload, workdir, data, artifacts, f"{workload.name} {options.name}, epoch {max(start, epochs)}")
+                life.save(epoch + 1, ts.state_dict(), steps, threads=torch.get_num_threads())
+        label = f"{workload.name} {options.name}, epoch {max(start, epochs)}"
+        quality, artifacts = life.finish(log, evaluate, data, label, quality, artifacts)
         settings = {**dataclasses.asdict(options), "threads": torch.get_num_threads(),
                     "channels_last": bool(extra.get("channels_last"))}  # only where the twin applies it
         return RunResult(options.name, "torch", log.epoch_seconds, 0.0, quality, log.history, ts, artifacts, settings)
+
+
+@contextlib.contextmanager
+def _thread_count_kept(torch):
+    """torch's thread count as it was, on every way out of the run."""
+    old = torch.get_num_threads()
+    try:
+        yield
     finally:
-        torch.set_num_threads(old_threads)
-        held.release()
+        torch.set_num_threads(old)
