@@ -105,7 +105,7 @@ def test_translate_writes_the_files_and_the_summary(models, tmp_path, cli):
     assert "translated Net: 3 classes (Block, Net" in r.stdout or "translated Net:" in r.stdout
     assert "parity (float64, eval mode): OK" in r.stdout and "parameters" in r.stdout
     assert {p.name for p in out.iterdir()} == {"model.py", "weights.safetensors", "parity.md"}
-    from flaxport.translate.save import read_safetensors
+    from flaxport.runtime.loader import read_safetensors
 
     arrays, meta = read_safetensors(out / "weights.safetensors")
     assert meta["mode"] == "train"  # --train: load() returns the model in train mode

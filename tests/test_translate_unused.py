@@ -96,3 +96,26 @@ def test_every_definition_in_the_file_is_used(make, shape):
         assert node.name in read, f"{node.name} is defined in model.py and never used"
     if make is NamedLikeTheRuntime:
         assert "def conv(" not in t.source and "def layer_norm(" not in t.source
+
+
+def test_every_name_the_file_defines_besides_the_models_classes_is_one_a_model_name_avoids():
+    """A torch class or attribute named like a top-level name of model.py (the runtime pieces, the
+    imports, `load`, the native-conv import) would shadow it: naming.RESERVED holds each one."""
+    import ast
+
+    from flaxport.translate import translate
+    from flaxport.translate.naming import RESERVED
+
+    torch.manual_seed(0)
+    t = translate(SmallConvNet().eval(), torch.randn(2, 3, 8, 8), conv="native", check=False)
+    tree = ast.parse(t.source)
+    defined = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node in tree.body:
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Assign) and node in tree.body:
+            defined |= {n.id for n in node.targets if isinstance(n, ast.Name)}
+    assert "flaxport_conv" in defined and "load" in defined
+    assert sorted(defined - set(t.class_names) - RESERVED) == []

@@ -231,7 +231,7 @@ def load_weights(module, path) -> None:
     if not path.is_file():
         raise UserError(f"--weights {path}: no such file")
     if path.suffix == ".safetensors":
-        from flaxport.translate.save import read_safetensors
+        from flaxport.runtime.loader import read_safetensors
 
         try:
             arrays, _ = read_safetensors(path)

@@ -52,20 +52,20 @@ def _setup(x, kernel_size, stride, padding, ceil_mode):
     k = _tuple(kernel_size, n, "kernel_size")
     s = k if stride is None else _tuple(stride, n, "stride")
     p = _tuple(padding, n, "padding")
-    geo = [pool_geometry(x.shape[1 + i], k[i], s[i], p[i], ceil_mode) for i in range(n)]
-    pads = [(p[i], p[i] + geo[i][1]) for i in range(n)]
-    return k, s, p, pads
+    for i in range(n):  # torch's argument errors, before runtime pools
+        pool_geometry(x.shape[1 + i], k[i], s[i], p[i], ceil_mode)
+    return k, s, p
 
 
 def max_pool(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False):
     """torch max_pool{1,2,3}d on x (N, *spatial, C) -> (N, *out, C); padding cells are -inf."""
-    k, s, p, _ = _setup(x, kernel_size, stride, padding, ceil_mode)
+    k, s, p = _setup(x, kernel_size, stride, padding, ceil_mode)
     return functions.max_pool(x, k, s, p, 1, ceil_mode, channels_last=True)
 
 
 def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True):
     """torch avg_pool{1,2,3}d on x (N, *spatial, C) -> (N, *out, C)."""
-    k, s, p, _ = _setup(x, kernel_size, stride, padding, ceil_mode)
+    k, s, p = _setup(x, kernel_size, stride, padding, ceil_mode)
     return functions.avg_pool(x, k, s, p, ceil_mode, count_include_pad, channels_last=True)
 
 

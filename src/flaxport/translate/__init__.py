@@ -17,6 +17,17 @@
   write_train_step(t, torch_module, optimizer, loss) -> TrainStep: train_step.py's source
       (the optimizer as optax, the loss in JAX, a jitted step) and its proof; t.save writes it
 
+The stages, each a module here, each reading what the one before produced
+(docs/architecture.md has the whole picture):
+
+  preflight  the forward runs once on the example inputs
+  capture    torch.export in eval, train and float64 -> Capture (graph cut into module calls)
+  plan       Plan: what each torch module becomes, each call's inputs, outputs and sizes
+  body       one call's __call__ -> Body (its lines, the runtime pieces it asked for, its problems)
+  classes    bodies merged over modes and calls, instances grouped -> Classes (frozen)
+  emit       Plan + Classes -> the model.py text
+  proof      the written file against torch, float64 at every module boundary
+
 Importing this package imports neither torch nor JAX; the functions do.
 """
 from flaxport.translate.errors import ExportError, TranslateError, UnsupportedOpsError

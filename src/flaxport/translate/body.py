@@ -45,7 +45,7 @@ class Body:
     synth: dict  # attribute name -> constructor template (dropout modules, rng streams)
     needs_training: bool
     outputs: list  # fx nodes returned, in order
-    imports: set  # 'math', 'np', ...
+    problems: list  # (what, module path, source) this call cannot be translated for
 
     def template(self) -> str:
         return "\n".join(self.lines)
@@ -65,13 +65,14 @@ class BodyRenderer:
     """Renders one frame of one capture. `plan` answers questions about other frames
     (kinds, attribute paths, inputs and outputs, twin nodes in the other captures)."""
 
-    def __init__(self, plan, capture, frame, class_path: str):
+    def __init__(self, plan, capture, frame, class_path: str, call_constants):
         self.plan, self.capture, self.frame = plan, capture, frame
+        self.call_constants = call_constants  # what this frame's calls of modules pass (calls.py)
         self.path = class_path  # the module path this class renders (== frame.path)
         self.cls_file = src.class_file(type(frame.module))
         self.slots: list = []
         self.helpers: set = set()
-        self.imports: set = set()
+        self.problems: list = []
         self.synth: dict = {}
         self.needs_training = False
         self.names: dict = {}  # fx node -> variable name
@@ -207,7 +208,7 @@ class BodyRenderer:
         self.lines.append(self._return(outputs))
         params = self.capture.input_names if self.frame.parent is None else self.plan.param_names(self.frame)
         return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
-                    list(outputs), self.imports)
+                    list(outputs), self.problems)
 
     def _used_by(self, u) -> list:
         if u.kind == "call":
@@ -556,7 +557,7 @@ class BodyRenderer:
         if parent in self.multi:
             part = self.multi[parent][v.args[1]]
             if part is None or isinstance(part, Unsupported):  # an output the handler cannot compute
-                self.plan.unsupported(parent, self.frame, str(part or "an output of this op"))
+                self._unsupported(parent, str(part or "an output of this op"))
                 return Expr(f"unsupported_{safe_name(cap._target_name(parent))}()")
             return part
         if parent in self.exprs:
@@ -568,6 +569,9 @@ class BodyRenderer:
             return Expr(self.names.get(v, f"input{ph.index}"))
         return Expr(f"{self.plan.attr_of_placeholder(self.path, self.plan.placeholder_name_from(self.capture, v, self.path))}[...]")
 
+    def _unsupported(self, node, why) -> None:
+        self.problems.append((str(node.target) + (f": {why}" if why else ""), self.frame.path, src.user_line(node)))
+
     def _call_expr(self, u) -> Expr:
         inputs, _ = self.plan.io(u.frame)
         args = []
@@ -578,13 +582,13 @@ class BodyRenderer:
         self.current_unit = saved
         # constants this call differs in from the module's other calls (classes.render_bodies)
         args += [self.slot(value, name).text for value, name in
-                 self.plan.call_constants.values.get((self.capture.mode, u.frame.key), [])]
+                 self.call_constants.values.get((self.capture.mode, u.frame.key), [])]
         if self.path and not u.frame.path.startswith(self.path + "."):
             # a module handed to this one as an argument (HF PP-DocLayout's decoder is given the
             # top module's `decoder_order_head`): it holds no attribute to reach it by
-            self.plan.problems.append((f"{type(u.frame.module).__name__} at {u.frame.path} called by "
-                                       f"{self.path}, which does not hold it (a module passed as an argument)",
-                                       self.path, ""))
+            self.problems.append((f"{type(u.frame.module).__name__} at {u.frame.path} called by "
+                                  f"{self.path}, which does not hold it (a module passed as an argument)",
+                                  self.path, ""))
             return Expr(f"unsupported_{safe_name(u.frame.path)}()")
         attr = self.plan.attr_expr(self.path, u.frame.path)
         spec = self.plan.specs.get(u.frame.path)
@@ -631,7 +635,7 @@ class BodyRenderer:
     def _op_expr_inner(self, node) -> Expr:
         handler = oplib.lookup(node)
         if handler is None:
-            self.plan.unsupported(node, self.frame, None)
+            self._unsupported(node, None)
             return Expr(f"unsupported_{safe_name(cap._target_name(node))}()")
         ctx = OpContext(self, node)
         try:
@@ -639,7 +643,7 @@ class BodyRenderer:
             empty = _empty_result(ctx, node)
             out = empty if empty is not None else ctx.finish(handler(ctx, node))
         except Unsupported as e:
-            self.plan.unsupported(node, self.frame, str(e))
+            self._unsupported(node, str(e))
             return Expr(f"unsupported_{safe_name(cap._target_name(node))}()")
         return out
 

@@ -9,7 +9,7 @@ from flaxport.translate.naming import safe_name
 from flaxport.translate.plan import MARK, VAGUE_HINTS, CallConstants, Line, body_lines, hashable
 
 
-def constants_calls_differ_in(plan) -> CallConstants:
+def constants_calls_differ_in(plan, bodies: dict) -> CallConstants:
     """What a module's calls differ in, where they differ, made arguments of its `__call__`:
     constants in the same code (`self.scale(x, 2.0)`, then 3.0: one parameter per vector of values
     over the calls), or the code itself where an argument torch was called with tells the calls
@@ -20,7 +20,7 @@ def constants_calls_differ_in(plan) -> CallConstants:
             continue
         calls: dict = {}
         for mode, frame in plan.frames_by_path.get(path, []):
-            body = plan.bodies.get((mode, frame.key))
+            body = bodies.get((mode, frame.key))
             if body is not None:
                 calls.setdefault(mode, []).append((frame, body_lines(body), body.params))
         if all(len(items) < 2 for items in calls.values()):

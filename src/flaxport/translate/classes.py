@@ -6,6 +6,7 @@ calls first (they do not depend on classes), then constructors bottom-up (a pare
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import keyword
 import re
@@ -14,8 +15,8 @@ from flaxport import runtime
 from flaxport.translate import calls
 from flaxport.translate.body import BodyRenderer
 from flaxport.translate.naming import safe_name
-from flaxport.translate.plan import (MARK, VAGUE_HINTS, ClassDef, Instance, Line, ModeValue, body_lines, hashable,
-                                     keyed)
+from flaxport.translate.plan import (MARK, VAGUE_HINTS, CallConstants, ClassDef, Instance, Line, ModeValue,
+                                     body_lines, hashable, keyed)
 
 
 
@@ -25,19 +26,22 @@ def _postorder(frame):
     yield frame
 
 
-def render_bodies(plan):
+def render_bodies(work):
     """Render every call of every generated (or Sequential-element) module, children first. Where
     a module's calls run the same code on other constants (`self.scale(x, 2.0)`, then 3.0), those
     constants become arguments of its `__call__` and everything is rendered again, the callers
     now passing them."""
-    _render_every_call(plan)
-    plan.call_constants = calls.constants_calls_differ_in(plan)
-    if plan.call_constants.params:
-        plan.bodies.clear()
-        _render_every_call(plan)
+    _render_every_call(work)
+    work.call_constants = calls.constants_calls_differ_in(work.plan, work.bodies)
+    if work.call_constants.params:
+        work.bodies.clear()
+        work.helpers.clear()
+        work.problems.clear()
+        _render_every_call(work)
 
 
-def _render_every_call(plan):
+def _render_every_call(work):
+    plan = work.plan
     done = []
     for mode, capture in plan.captures.items():
         for frame in _postorder(capture.root):
@@ -47,32 +51,33 @@ def _render_every_call(plan):
                 # the modes rendered before this one hold calls of it too: render those now
                 for other, earlier in plan.frames_by_path.get(frame.path, []):
                     if other in done:
-                        _render(plan, other, plan.captures[other], earlier)
+                        _render(work, other, plan.captures[other], earlier)
                 kind = "generated"
             if kind in ("generated", "element"):
-                _render(plan, mode, capture, frame)
+                _render(work, mode, capture, frame)
         done.append(mode)
 
 
-def _render(plan, mode, capture, frame):
-    body = BodyRenderer(plan, capture, frame, frame.path).render()
-    plan.bodies[(mode, frame.key)] = body
-    plan.helpers |= body.helpers
-    plan.imports |= body.imports
+def _render(work, mode, capture, frame):
+    body = BodyRenderer(work.plan, capture, frame, frame.path, work.call_constants).render()
+    work.bodies[(mode, frame.key)] = body
+    work.helpers |= body.helpers
+    work.problems += body.problems
 
 
-def _mode_bodies(plan, path):
+def _mode_bodies(work, path):
     """{mode: [Line]} of the module's calls in each mode: one code, checked to agree over the
     calls, or one branch per value of the argument that tells them apart (calls.py)."""
+    plan = work.plan
     by_mode: dict = {}
     params = None
     training = False
     for mode, frame in plan.frames_by_path.get(path, []):
-        body = plan.bodies.get((mode, frame.key))
+        body = work.bodies.get((mode, frame.key))
         if body is None:
             continue
         lines = body_lines(body)
-        positions = plan.call_constants.positions.get((mode, path))
+        positions = work.call_constants.positions.get((mode, path))
         if positions:
             lines = calls.as_parameters(lines, positions)
         training |= body.needs_training
@@ -80,16 +85,16 @@ def _mode_bodies(plan, path):
         params = params or body.params
     out = {}
     for mode, items in by_mode.items():
-        arg = plan.call_constants.branches.get((mode, path))
+        arg = work.call_constants.branches.get((mode, path))
         if arg is not None:
-            passed = [dict((name, value) for value, name in plan.call_constants.values[(mode, f.key)])[arg]
+            passed = [dict((name, value) for value, name in work.call_constants.values[(mode, f.key)])[arg]
                       for f, _ in items]
             out[mode] = calls.branches(arg, [(value, lines) for value, (_, lines) in zip(passed, items)])
             continue
         out[mode] = items[0][1]
         if any([x.text for x in lines] != [x.text for x in out[mode]] for _, lines in items):
-            plan.problems.append((f"{type(plan.modules[path]).__name__} called twice with different code", path, ""))
-    return out, (params or []) + plan.call_constants.params.get(path, []), training
+            work.problems.append((f"{type(plan.modules[path]).__name__} called twice with different code", path, ""))
+    return out, (params or []) + work.call_constants.params.get(path, []), training
 
 
 def merge_modes(bodies: dict):
@@ -152,14 +157,15 @@ def _input_ndim(plan, path) -> int | None:
     return None
 
 
-def layer_constructor(plan, path) -> list:
+def layer_constructor(work, path) -> list:
     """Parts of the runtime layer's constructor call for the torch module at path."""
     from flaxport.translate import layers as layer_table
 
+    plan = work.plan
     spec = plan.specs[path]
     module = plan.modules[path]
     if not spec.runtime.startswith("nnx."):
-        plan.helpers.add(spec.runtime)
+        work.helpers.add(spec.runtime)
     parts = [spec.runtime + "("]
     first = True
     for name, value, default in spec.args(module):
@@ -184,13 +190,14 @@ def layer_constructor(plan, path) -> list:
     return parts
 
 
-def child_constructor(plan, path):
+def child_constructor(work, path):
     """Parts of the constructor expression of the module at path (None: no attribute)."""
+    plan = work.plan
     kind = plan.kinds.get(path)
     if kind == "layer":
-        return layer_constructor(plan, path)
+        return layer_constructor(work, path)
     if kind == "generated":
-        inst = plan.instances.get(path)
+        inst = work.instances.get(path)
         if inst is None or inst.cls is None:
             return None
         parts = [inst.cls.name + "("]
@@ -199,13 +206,13 @@ def child_constructor(plan, path):
         parts.append("rngs=rngs)")
         return parts
     if kind == "element":
-        return [plan.lambdas.get(path, "lambda x: x")]
+        return [work.lambdas.get(path, "lambda x: x")]
     if kind in ("sequential", "container"):
         module = plan.modules[path]
         items = []
         for name, _ in module.named_children():
             child = f"{path}.{name}" if path else name
-            ctor = child_constructor(plan, child)
+            ctor = child_constructor(work, child)
             if ctor is None:
                 if kind == "sequential":
                     return None
@@ -234,29 +241,31 @@ def child_constructor(plan, path):
     return None
 
 
-def _ready(plan, path) -> bool:
+def _ready(work, path) -> bool:
     """Are the classes of every generated module below path decided?"""
+    plan = work.plan
     module = plan.modules[path]
     for name, _ in module.named_children():
         child = f"{path}.{name}" if path else name
         kind = plan.kinds.get(child)
-        if kind == "generated" and child in plan.instances and plan.instances[child].cls is None:
+        if kind == "generated" and child in work.instances and work.instances[child].cls is None:
             return False
-        if kind in ("sequential", "container") and not _ready(plan, child):
+        if kind in ("sequential", "container") and not _ready(work, child):
             return False
     return True
 
 
-def init_lines(plan, path, synth: dict) -> list:
+def init_lines(work, path, synth: dict) -> list:
     import torch
 
+    plan = work.plan
     module = plan.modules[path]
     lines = []
     for name, _ in module.named_children():
         child = f"{path}.{name}" if path else name
         if not plan.constructed(child):
             continue
-        ctor = child_constructor(plan, child)
+        ctor = child_constructor(work, child)
         if ctor is not None:
             lines.append(_slot_line([f"self.{plan.attr_name(name)} = "] + list(ctor)))
     for name, p in module.named_parameters(recurse=False):
@@ -265,14 +274,14 @@ def init_lines(plan, path, synth: dict) -> list:
     for name, b in module.named_buffers(recurse=False):
         if b is None:
             continue
-        plan.helpers.add("Buffer")
+        work.helpers.add("Buffer")
         lines.append(_slot_line([f"self.{plan.attr_name(name)} = Buffer(jnp.zeros("] + _shape_parts(b, name)
                                 + [_dtype_suffix(b) + "))"]))
     capture = next(iter(plan.captures.values()))
     for full, value in plan.constants(capture).items():
         owner, _, attr = full.rpartition(".")
         if owner == path and torch.is_tensor(value):
-            plan.helpers.add("Buffer")
+            work.helpers.add("Buffer")
             lines.append(_slot_line([f"self.{attr} = Buffer(jnp.zeros("] + _shape_parts(value, attr)
                                     + [_dtype_suffix(value) + "))"]))
     for attr, ctor in synth.items():
@@ -303,26 +312,50 @@ def _dtype_suffix(t) -> str:
 
 
 # --------------------------------------------------------------------------- classes
-def build_classes(plan):
-    """Instances of every generated module, grouped into ClassDefs (plan.classes, dependencies first)."""
-    render_bodies(plan)
-    _element_functions(plan)
+@dataclasses.dataclass(frozen=True)
+class Classes:
+    """The classes stage's result: what emit writes and what translate refuses."""
+
+    classes: tuple  # ClassDef, dependencies first: the last is the top module's
+    helpers: frozenset  # the runtime pieces their code asks for
+    problems: tuple  # (what, module path, source) that cannot be translated
+
+
+class _Work:
+    """What the stage builds as it goes; read only inside this module."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.bodies: dict = {}  # (mode, frame key) -> Body
+        self.call_constants = CallConstants()
+        self.instances: dict = {}  # path -> Instance
+        self.lambdas: dict = {}  # path -> function text of an element of an nn.Sequential
+        self.classes: list = []
+        self.helpers: set = set()
+        self.problems: list = []
+
+
+def build_classes(plan) -> Classes:
+    """Instances of every generated module of `plan`, grouped into ClassDefs."""
+    work = _Work(plan)
+    render_bodies(work)
+    _element_functions(work)
     pending = []
     for path, kind in plan.kinds.items():
         if kind != "generated" or not plan.used(path) and path:
             continue
-        bodies, params, training = _mode_bodies(plan, path)
+        bodies, params, training = _mode_bodies(work, path)
         if not bodies and plan.frames_by_path.get(path):
             continue
         lines, mode_training = merge_modes(bodies) if bodies else ([], False)  # no bodies: it holds variables
         synth = {}
         for mode, frame in plan.frames_by_path.get(path, []):
-            body = plan.bodies.get((mode, frame.key))
+            body = work.bodies.get((mode, frame.key))
             if body is not None:
                 synth.update(body.synth)
         inst = Instance(path, plan.modules[path], [], lines, params, training or mode_training)
         inst.synth = synth
-        plan.instances[path] = inst
+        work.instances[path] = inst
         pending.append(path)
     left: dict = {}  # torch class -> paths of its instances not yet in a ClassDef
     for path in pending:
@@ -331,8 +364,8 @@ def build_classes(plan):
 
     def decide(cls, paths):
         for p in paths:
-            plan.instances[p].init = init_lines(plan, p, plan.instances[p].synth)
-        _group(plan, cls, [plan.instances[p] for p in paths], names_taken)
+            work.instances[p].init = init_lines(work, p, work.instances[p].synth)
+        _group(work, cls, [work.instances[p] for p in paths], names_taken)
         left[cls] = [p for p in left[cls] if p not in paths]
         if not left[cls]:
             del left[cls]
@@ -340,36 +373,38 @@ def build_classes(plan):
     while left:
         progress = False
         for cls in list(left):
-            if all(_ready(plan, p) for p in left[cls]):  # decided whole: its variants side by side
+            if all(_ready(work, p) for p in left[cls]):  # decided whole: its variants side by side
                 decide(cls, left[cls])
                 progress = True
         if not progress:  # a class nested in itself (timm's DlaTree holds DlaTrees): its deepest instances
             # first (the deepest instance left has no undecided child, so some instance is always ready)
-            waves = ((cls, [p for p in paths if _ready(plan, p)]) for cls, paths in left.items())
+            waves = ((cls, [p for p in paths if _ready(work, p)]) for cls, paths in left.items())
             decide(*next((cls, ready) for cls, ready in waves if ready))
+    return Classes(tuple(work.classes), frozenset(work.helpers), tuple(work.problems))
 
 
-def _element_functions(plan):
+def _element_functions(work):
     """Functions for the parameter-free modules inside an nn.Sequential: `jax.nn.relu`, `lambda x: ...`
     (a class where the module's code is more than one expression)."""
+    plan = work.plan
     for path, kind in plan.kinds.items():
-        if kind != "element" or path in plan.lambdas:
+        if kind != "element" or path in work.lambdas:
             continue
         for mode, frame in plan.frames_by_path.get(path, []):
-            body = plan.bodies.get((mode, frame.key))
+            body = work.bodies.get((mode, frame.key))
             if body is None:
                 continue
             if len(body.lines) != 1 or not body.lines[0].startswith("return "):
-                plan.kinds[path] = "generated"  # more than an expression (LocalResponseNorm): a class of its own
+                plan.element_as_class(path)
                 break
             expr = MARK.sub(lambda m: repr(body.slots[int(m.group(1))][0]), body.lines[0][len("return "):])
             param = body.params[0] if body.params else "x"
             simple = re.fullmatch(rf"([\w.]+)\({re.escape(param)}\)", expr)
-            plan.lambdas[path] = simple.group(1) if simple else f"lambda {param}: {expr}"
+            work.lambdas[path] = simple.group(1) if simple else f"lambda {param}: {expr}"
             break
 
 
-def _group(plan, cls, instances, names_taken):
+def _group(work, cls, instances, names_taken):
     """Split instances of one torch class into variants (same code) and make a ClassDef each."""
     variants: dict = {}
     for inst in instances:
@@ -388,9 +423,9 @@ def _group(plan, cls, instances, names_taken):
         cdef = ClassDef(name, cls, group)
         cdef.base = "TorchModule" if any(i.needs_training for i in group) else "nnx.Module"
         if cdef.base == "TorchModule":
-            plan.helpers.add("TorchModule")
+            work.helpers.add("TorchModule")
         _parameters(cdef)
-        plan.classes.append(cdef)
+        work.classes.append(cdef)
 
 
 def _attrs(inst) -> set:

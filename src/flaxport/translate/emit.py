@@ -9,7 +9,6 @@ installed.
 from __future__ import annotations
 
 import ast
-import inspect
 import re
 
 from flaxport import runtime
@@ -124,14 +123,15 @@ def calls_native_conv(source: str) -> bool:
     return "flaxport_conv" in _modules_used(source)
 
 
-def module_source(plan, header: str, conv: str = "xla") -> str:
-    """The whole model.py text; conv="native": convolutions on flaxport's kernels where installed."""
-    class_texts = [class_source(c) for c in plan.classes]
+def module_source(plan, classes, header: str, conv: str = "xla") -> str:
+    """The whole model.py text of `classes` (classes.Classes); conv="native": convolutions on
+    flaxport's kernels where installed."""
+    class_texts = [class_source(c) for c in classes.classes]
     body_text = "\n".join(class_texts)
-    # What the handlers and layers wrote asked for its pieces as it was written (plan.helpers).
+    # What the handlers and layers wrote asked for its pieces as it was written (classes.helpers).
     loader_pieces = {"read_safetensors"} | ({"columns_channels_last"} if plan.flat_weights else set())
-    pieces = runtime_code(set(plan.helpers) | loader_pieces, conv)
-    root = plan.classes[-1].name
+    pieces = runtime_code(set(classes.helpers) | loader_pieces, conv)
+    root = classes.classes[-1].name
     set_variable = SET_VARIABLE_COLUMNS if plan.flat_weights else SET_VARIABLE
     loader = LOADER.replace("{root}", root).replace("{set_variable}", set_variable)
     if "rngs.noise.fork()" in body_text:

@@ -57,18 +57,18 @@ def _function_source(t, name) -> str | None:
     from flaxport import runtime
     from flaxport.translate import emit
 
-    plan = t.plan
-    if len(plan.classes) != 1 or plan.classes[0].instances[0].init:
+    classes = t.classes.classes
+    if len(classes) != 1 or classes[0].instances[0].init:
         return None
-    inst = plan.classes[0].instances[0]
-    body = [emit._fill(line, plan.classes[0], "call", li) for li, line in enumerate(inst.call)]
+    inst = classes[0].instances[0]
+    body = [emit._fill(line, classes[0], "call", li) for li, line in enumerate(inst.call)]
     if any("self" in line for line in body):
         return None
     fname = name if name.isidentifier() and name not in runtime.names() else f"{name}_jax"
     code = [f"def {fname}({', '.join(inst.params)}):",
             f'    """{t.torch_class.__module__}.{name} in JAX (written by flaxport translate)."""']
     code += ["    " + line for line in body]
-    runtime = emit.runtime_code(set(plan.helpers))
+    runtime = emit.runtime_code(set(t.classes.helpers))
     text = "\n\n\n".join(p for p in [runtime, "\n".join(code)] if p)
     return emit.format_source("\n".join(emit._imports(text)) + "\n\n\n" + emit._strip_runtime_imports(text) + "\n")
 

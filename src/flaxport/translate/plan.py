@@ -141,14 +141,6 @@ class Plan:
         # twins (one op in other captures of the forward) by key: node names shift between modes
         self._by_key = {mode: {cap.twin_key(n): n for n in c.graph.nodes} for mode, c in captures.items()}
         self._f64_by_key = {cap.twin_key(n): n for n in f64.graph.nodes} if f64 is not None else {}
-        self.problems: list = []  # (op, module path, source)
-        self.call_constants = CallConstants()
-        self.helpers: set = set()
-        self.imports: set = set()
-        self.bodies: dict = {}  # (mode, frame key) -> Body
-        self.instances: dict = {}  # path -> Instance
-        self.classes: list = []  # ClassDef, dependencies first
-        self.lambdas: dict = {}  # path -> function text for inline modules inside nn.Sequential
         self.root_structure = self._root_structure
         self._decide_kinds()
         self.layouts = {mode: {} for mode in captures}
@@ -208,6 +200,11 @@ class Plan:
         for child, kind in list(self.kinds.items()):
             if kind == "element" and child.rpartition(".")[0] == path:
                 self.kinds[child] = "inline"
+
+    def element_as_class(self, path):
+        """An element of an nn.Sequential whose code is more than one expression (LocalResponseNorm)
+        is a class of its own, not a function."""
+        self.kinds[path] = "generated"
 
     def kind(self, frame_or_path) -> str:
         path = frame_or_path if isinstance(frame_or_path, str) else frame_or_path.path
@@ -448,8 +445,9 @@ class Plan:
     def translation_positions(self, frame) -> list:
         """For each of io(frame)'s outputs, its index among the values the translated call returns
         (None: the translation does not return it). They differ where the float64 capture shares
-        fewer values: torch.export merged Funnel's two `attention_mask.type_as(x)` into one in
-        float32, so the translated encoder returns the mask as well, and not in float64."""
+        fewer values: in float32 HF Funnel's `attention_mask.type_as(x)` is the mask itself, which
+        the decoder then reads from the encoder, so the translated encoder returns it as well;
+        in float64 the cast is a new value and the decoder casts its own."""
         outputs = self.io(frame)[1]
         want, keys = self._twin_keys(frame, outputs)
         if not want:
@@ -459,7 +457,8 @@ class Plan:
     def _twin_keys(self, frame, outputs):
         """(keys of the eval-mode twin's outputs, or [] without a float64 twin; keys of `outputs`),
         a cast made only in float64 keyed as the value it casts."""
-        twin = self._eval_frames.get(frame.key) if self.f64 is not None and self._capture_of(frame) is self.f64 else None
+        in_float64 = self.f64 is not None and self._capture_of(frame) is self.f64
+        twin = self._eval_frames.get(frame.key) if in_float64 else None
         if twin is None:
             return [], []
         want = [cap.twin_key(n) for n in self.io(twin)[1]]
@@ -489,10 +488,10 @@ class Plan:
         what it holds (`x.shape[2]`)."""
         cls = type(frame.module)
         params, file = src.forward_parameters(cls), src.class_file(cls)
-        taken = [_reading_parameter(frame, v, params, file, []) for v in arrays]
+        taken = [_reading_parameter(frame, v, params, file, [], arrays) for v in arrays]
         passed = {}
         for size in _not_held(arrays, sizes):
-            param = _reading_parameter(frame, size, params, file, taken + list(passed.values()))
+            param = _reading_parameter(frame, size, params, file, taken + list(passed.values()), arrays)
             if param is not None:
                 passed[size] = param
         return sorted(passed, key=lambda size: params.index(passed[size]))
@@ -748,13 +747,6 @@ class Plan:
             per_path[key] = name
         return per_path[key]
 
-    # ------------------------------------------------------------------ problems
-    def unsupported(self, node, frame, why):
-        op = str(node.target)
-        source = src.user_line(node)
-        path = frame.path
-        self.problems.append((op + (f": {why}" if why else ""), path, source))
-
     # ------------------------------------------------------------------ root outputs
     def _root_structure(self, capture, render) -> str:
         """The forward's output structure (tuple, list, dict; a HF ModelOutput as a tuple)."""
@@ -838,7 +830,7 @@ def _not_held(arrays, sizes) -> list:
             and not derivable(size.meta["val"].node.expr)]
 
 
-def _reading_parameter(frame, v, params, file, taken, inputs=()) -> str | None:
+def _reading_parameter(frame, v, params, file, taken, inputs) -> str | None:
     """The forward parameter (not in `taken`) named on the source line of `frame`'s class that
     first reads value v, or None. Where that line reads several parameters (`mask.type_as(x)`),
     the op's arguments are matched to them in the order the line writes them."""

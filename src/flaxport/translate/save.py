@@ -15,8 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxport.runtime.loader import read_safetensors  # noqa: F401 (flaxport's reader is the files')
-
 _DTYPES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
            np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16", np.dtype(np.int8): "I8",
            np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}

@@ -150,24 +150,26 @@ def forward_parameters(cls) -> list:
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
-def names_read_on_line(file: str, line: int) -> list:
-    """The names the statement at `line` reads, each once, in the order they are written."""
+def _statement_node(file: str, line: int):
+    """The ast statement at `line` of `file`, or None."""
     stmt = _statement_at(file, line)
     if stmt is None:
-        return []
+        return None
     for node in ast.walk(_tree(file)):
         if isinstance(node, ast.stmt) and node.lineno == stmt.key[1] and node.col_offset == stmt.key[2]:
-            reads = [n for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
-            return list(dict.fromkeys(n.id for n in sorted(reads, key=lambda n: (n.lineno, n.col_offset))))
-    return []
+            return node
+    return None
+
+
+def names_read_on_line(file: str, line: int) -> list:
+    """The names the statement at `line` reads, each once, in the order they are written."""
+    node = _statement_node(file, line)
+    if node is None:
+        return []
+    reads = [n for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    return list(dict.fromkeys(n.id for n in sorted(reads, key=lambda n: (n.lineno, n.col_offset))))
 
 
 def names_on_line(file: str, line: int) -> set:
-    stmt = _statement_at(file, line)
-    if stmt is None:
-        return set()
-    tree = _tree(file)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and node.lineno == stmt.key[1] and node.col_offset == stmt.key[2]:
-            return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-    return set()
+    node = _statement_node(file, line)
+    return set() if node is None else {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}

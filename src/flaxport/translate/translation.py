@@ -80,15 +80,15 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "native",
             notes.append(f"{mode} mode could not be captured ({e}); the model is translated in {primary} mode only")
     captures = dict(sorted(captures.items(), key=lambda kv: kv[0] != "eval"))
     plan = Plan(module, captures, f64, layout=layout, example=(args, kwargs))
-    build_classes(plan)
-    if plan.problems:
-        raise UnsupportedOpsError(plan.problems)
-    source = module_source(plan, _header(module, captures, plan.flat_weights, conv), conv)
+    classes = build_classes(plan)
+    if classes.problems:
+        raise UnsupportedOpsError(list(classes.problems))
+    source = module_source(plan, classes, _header(module, captures, plan.flat_weights, conv), conv)
     if calls_native_conv(source):
         notes.append(_native_note())
     else:  # no convolution: the header says nothing of kernels
         source = source.replace(_NATIVE_HEADER, "", 1)
-    t = Translation(source, module, plan, primary, args, kwargs, notes)
+    t = Translation(source, module, plan, classes, primary, args, kwargs, notes)
     if check:
         from flaxport.translate.proof import prove
 
@@ -172,9 +172,10 @@ class Translation:
     forward reads that state_dict leaves out) to the NNX variable path it fills.
     """
 
-    def __init__(self, source, module, plan, mode, args, kwargs, notes):
+    def __init__(self, source, module, plan, classes, mode, args, kwargs, notes):
         self.source = source
         self.plan = plan
+        self.classes = classes  # classes.Classes: what the file's classes were made from
         self.mode = mode
         self.notes = list(notes)
         self.report = None
@@ -187,7 +188,7 @@ class Translation:
                                if name in set(next(iter(plan.captures.values())).input_names) or _has_tensor(v)]
         self.torch_class = type(module)
         self.namespace = _load_namespace(source, type(module).__name__)
-        self.root_class = plan.classes[-1].name
+        self.root_class = classes.classes[-1].name
         self._state_keys = list(module.state_dict().keys())
         self._torch_state = {k: _np(v) for k, v in module.state_dict().items()}
         extra = {}
@@ -235,7 +236,6 @@ class Translation:
         dtype: cast floating variables (e.g. jnp.float64 inside `jax.enable_x64(True)`,
         which then also takes the float64 values of tensor constants)."""
         import jax.numpy as jnp
-        from flax import nnx
 
         model = abstract_model(self.namespace[self.root_class], seed)
         values = {**self._torch_state, **self._extra}
@@ -360,7 +360,7 @@ class Translation:
 
     @property
     def class_names(self) -> list:
-        return [c.name for c in self.plan.classes]
+        return [c.name for c in self.classes.classes]
 
     def summary(self) -> str:
         lines = [f"translated {self.torch_class.__name__}: {len(self.class_names)} classes "
