@@ -283,3 +283,17 @@ def test_train_step_plumbing(config):
     np.testing.assert_allclose(stats["norm_std"], (images_u8 / 255.0).std((0, 1, 2)))
     with pytest.raises(ValueError, match="norm_mean"):
         step.make_train_step(dataclasses.replace(config, norm_mean=()))
+
+
+def test_a_torch_runs_ema_network_exports_with_the_weights_the_hand_written_map_gives(config):
+    from flaxport.workloads.ddim import export
+
+    ts = _twin(config)
+    with torch.no_grad():  # the EMA network apart from the model, so taking the wrong one shows
+        for p in ts.ema_model.parameters():
+            p.mul_(0.5)
+    got = export.ema_variables(config, "torch", ts)
+    want = convert.torch_to_flax(config, ts.ema_model.state_dict())
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), b)

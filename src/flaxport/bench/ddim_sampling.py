@@ -47,7 +47,7 @@ def run(args) -> dict:
     import numpy as np
     import torch
 
-    from flaxport.workloads.ddim import config as config_lib, convert, step, step_torch
+    from flaxport.workloads.ddim import config as config_lib, export, step, step_torch
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -59,7 +59,7 @@ def run(args) -> dict:
     with torch.no_grad():
         for net in (twin.model, twin.ema_model):
             net.head.weight.copy_(0.05 * torch.randn(net.head.weight.shape, generator=generator))
-    variables = convert.state_from_torch(config, twin).ema_variables()
+    variables = export.ema_variables(config, "torch", twin)
     side = config.image_size
     noise = np.random.default_rng(0).standard_normal((args.n, side, side, config.channels)).astype(np.float32)
 

@@ -58,7 +58,8 @@ def run(args) -> dict:
 
     from flaxport.translate import translate
     from flaxport.workloads.cnn import config as config_lib
-    from flaxport.workloads.cnn import convert, model, model_torch
+    from flaxport.port import port_weights
+    from flaxport.workloads.cnn import model, model_torch
 
     config = config_lib.get_config("default")
     batch = args.batch or config.batch_size
@@ -82,8 +83,8 @@ def run(args) -> dict:
         runs[name] = (fn, leaves, images_nchw)
     for impl in (config.conv_impl, "xla"):
         cfg = dataclasses.replace(config, conv_impl=impl)
-        variables = convert.torch_to_flax(cfg, twin.state_dict())
         net = model.cnn(cfg)
+        variables = port_weights(twin, net, (images.numpy(),), flatten_shapes={"fc1": model.flat_geometry(cfg)})
         fn = jax.jit(lambda v, x, net=net: net.apply(v, x, train=False))
         runs[f"hand-written ({impl} conv)"] = (fn, jax.tree.map(jnp.asarray, variables), images_nhwc)
     return _time(args, batch, jax, runs, config)

@@ -1,5 +1,9 @@
 """torch <-> Flax key map for the CNN (model_torch.CNN <-> model.CNN).
 
+Written out by hand, as the oracle the generic key map is tested against
+(tests/test_port_parity.py): flaxport converts through `twin_parts` below, the twins
+side by side for flaxport.port's map.
+
   torch                       shape            Flax                        shape
   convK.weight                (O, I, 3, 3)     params/convK/kernel         (3, 3, I, O)   permute(2, 3, 1, 0)
   convK.bias                  (O,)             params/convK/bias           (O,)

@@ -1,5 +1,9 @@
 """torch <-> Flax key map for the DDIM UNet (model_torch.UNet <-> model.UNet).
 
+Written out by hand, as the oracle the generic key map is tested against
+(tests/test_port_parity.py): flaxport converts through `twin_parts` below, the twins
+side by side for flaxport.port's map.
+
   torch                          shape               Flax                              shape
   stem.weight / head.weight      (O, I, 1, 1)        params/stem|head/kernel           (1, 1, I, O)  permute(2, 3, 1, 0)
   B.shortcut.weight              (O, I, 1, 1)        params/B/shortcut/kernel          (1, 1, I, O)  (width changes only)

@@ -15,14 +15,17 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from flaxport.workloads.ddim import convert, step
+from flaxport.workloads.ddim import step
 
 
 def ema_variables(config, framework: str, state) -> dict:
     """{'params', 'batch_stats'} of the EMA network of a restored run, Flax layout: a jax
-    DDIMState's own, or a torch TorchDDIM's ema_model converted (convert.torch_to_flax)."""
+    DDIMState's own, or a torch TorchDDIM's ema_model through the twins' key map."""
     if framework == "torch":
-        return jax.tree.map(jnp.asarray, convert.torch_to_flax(config, state.ema_model.state_dict()))
+        from flaxport.workloads.twins import parts
+
+        key_map = parts("ddim", config, state)[0].key_map()
+        return jax.tree.map(jnp.asarray, key_map.to_flax(state.ema_model.state_dict()))
     return state.ema_variables()
 
 

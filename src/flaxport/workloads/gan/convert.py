@@ -1,5 +1,9 @@
 """torch <-> Flax key map for the GAN's G and D (model_torch.MLP <-> model.MLP).
 
+Written out by hand, as the oracle the generic key map is tested against
+(tests/test_port_parity.py): flaxport converts through `twin_parts` below, the twins
+side by side for flaxport.port's map.
+
 One module at a time: a torch state_dict of G *or* D <-> its Flax variables.
 
   torch (nn.Sequential index i)          Flax (submodule net_i)

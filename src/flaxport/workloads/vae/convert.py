@@ -1,5 +1,9 @@
 """torch <-> Flax key map for the VAE (model_torch.VAE <-> model.VAE).
 
+Written out by hand, as the oracle the generic key map is tested against
+(tests/test_port_parity.py): flaxport converts through `twin_parts` below, the twins
+side by side for flaxport.port's map.
+
   torch                         Flax
   encoder.fc1.weight (500, 784)   params/encoder/fc1/kernel (784, 500)   transposed
   encoder.fc2_mean.*              params/encoder/fc2_mean/*
