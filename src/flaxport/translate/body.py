@@ -19,6 +19,7 @@ from flaxport.translate import capture as cap
 from flaxport.translate import ops as oplib
 from flaxport.translate import source as src
 from flaxport.translate.context import OpContext
+from flaxport.translate.dataflow import SHAPE_OPS, Dataflow
 from flaxport.translate.naming import RESERVED, safe_name
 from flaxport.translate.sizes import print_size
 from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call
@@ -30,8 +31,6 @@ SHORT_NAMES = {"scaled_dot_product_attention": "attn", "layer_norm": "normed", "
                "permute": "h", "cat": "joined", "add": "h", "mul": "h", "sub": "h", "div": "h"}
 
 
-# Ops whose handlers read sizes from their output's or inputs' shapes.
-SHAPE_OPS = {"aten.expand.default", "aten.flatten.using_ints", "aten.unflatten.int", "aten.expand_copy.default"}
 
 
 @dataclasses.dataclass
@@ -51,23 +50,14 @@ class Body:
         return "\n".join(self.lines)
 
 
-class Unit:
-    """A step of the body: an op node, a child call, or a buffer update."""
-
-    def __init__(self, kind, index, node=None, frame=None, outputs=(), key=None, stmt=None):
-        self.kind, self.index, self.node, self.frame = kind, index, node, frame
-        self.outputs = list(outputs)  # values it produces
-        self.key, self.stmt = key, stmt
-        self.target = None  # buffer update: the buffer's torch name
-
-
 class BodyRenderer:
     """Renders one frame of one capture. `plan` answers questions about other frames
     (kinds, attribute paths, inputs and outputs, twin nodes in the other captures)."""
 
-    def __init__(self, plan, capture, frame, class_path: str, call_constants):
+    def __init__(self, plan, capture, frame, class_path: str, call_constants, sizes_asked):
         self.plan, self.capture, self.frame = plan, capture, frame
         self.call_constants = call_constants  # what this frame's calls of modules pass (calls.py)
+        self.sizes_asked = sizes_asked  # the sizes calls ask their callers for (sizes.SizesAsked)
         self.path = class_path  # the module path this class renders (== frame.path)
         self.cls_file = src.class_file(type(frame.module))
         self.slots: list = []
@@ -82,101 +72,16 @@ class BodyRenderer:
         self.decomposed: set = set()  # ops whose decomposition this body has said it writes
 
     # ------------------------------------------------------------------ structure
-    def _units(self):
-        units = []
-        inside_call = {}
-
-        def visit(frame):
-            for item in frame.items:
-                if isinstance(item, cap.Frame):
-                    if self.plan.kind(item) == "inline":
-                        visit(item)
-                    else:
-                        u = Unit("call", len(units), frame=item, outputs=self.plan.io(item)[1])
-                        u.stmt = self._stmt_of_frame(item)
-                        u.key = u.stmt.key if u.stmt else None
-                        units.append(u)
-                        for n in item.all_nodes():
-                            inside_call[n] = u
-                else:
-                    if cap.is_sym(item):
-                        continue
-                    u = Unit("op", len(units), node=item, outputs=[item])
-                    u.stmt = src.statement(item, self.cls_file)
-                    u.key = u.stmt.key if u.stmt else None
-                    units.append(u)
-                    for target, value in self.capture.buffer_updates.items():
-                        if value is item and self.plan.owns_update(self.frame, target):
-                            up = Unit("update", len(units), node=item, key=u.key, stmt=u.stmt)
-                            up.target = target
-                            units.append(up)
-
-        visit(self.frame)
-        self._split_iterations(units)
-        return units, inside_call
-
-    def _split_iterations(self, units):
-        """A statement run again by a loop (`for layer in self.layers: x = layer(x)`) makes more
-        module calls than it has call expressions: each run becomes a statement of its own. Not
-        a statement outside a loop calling a method of its own (`mu, logvar = self.encode(x)`):
-        the method's module calls are one run."""
-        children = {name for name, _ in self.frame.module.named_children()}
-        calls: dict = {}
-        current: dict = {}
-        for u in units:
-            if u.key is None:
-                continue
-            helper = any(a not in children for a in u.stmt.self_calls)  # a key comes with its statement
-            if u.kind == "call" and (u.stmt.loops or not helper):
-                k = calls.get(u.key, 0)
-                calls[u.key] = k + 1
-                current[u.key] = k // u.stmt.calls
-            u.key = u.key + (current.get(u.key, 0),)
-
-    def _stmt_of_frame(self, frame):
-        """The statement of this class's code that called the child frame."""
-        nodes = list(frame.all_nodes())
-        stmt = src.call_statement(nodes, type(self.frame.module))
-        if stmt is not None:
-            return stmt
-        for n in nodes:
-            s = src.statement(n, self.cls_file)
-            if s is not None:
-                return s
-        return None
-
     # ------------------------------------------------------------------ rendering
     def render(self) -> Body:
-        inputs, outputs = self.plan.io(self.frame)
+        inputs, outputs = self._io(self.frame)
         self.inputs = inputs
-        self.units, inside_call = self._units()
-        producer = {}
-        for u in self.units:
-            for v in u.outputs:
-                producer[v] = u
-        self.producer = producer
-        # consumers of each produced value: units of this body, or "return"
+        self.flow = Dataflow(self.plan, self.capture, self.frame, self._io)
         out_set = set(outputs)
-        consumers: dict = {v: [] for v in producer}
-        for v in inputs:
-            if not isinstance(v, str):
-                consumers.setdefault(v, [])
-        for u in self.units:
-            used = self._used_by(u)
-            for v in used:
-                if v in consumers and u not in consumers[v]:
-                    consumers[v].append(u)
-        for v in outputs:
-            if v in consumers:
-                consumers[v].append("return")
-        self.consumers = consumers
-        self.inline = {v for v in producer if self._inlinable(v, out_set)}
-        self._limit_depth()
         self.current_unit = None
         self.defined: set = set()
-        self._plan_symbols()
         # names of the inputs
-        params = self.plan.param_names(self.frame)
+        params = self._param_names(self.frame)
         for v, name in zip(inputs, params):
             if isinstance(v, cap.Frame):
                 continue
@@ -185,10 +90,9 @@ class BodyRenderer:
         self.holder = {}
         self.current_op = None
         self.sym_cache = {}
-        self.positions = self._positions()
         for v, name in zip(inputs, params):
             if not isinstance(v, str):
-                self.live[name] = math.inf if cap.is_sym(v) else self._last_use(v)
+                self.live[name] = math.inf if cap.is_sym(v) else self.flow.last_use(v)
         # sizes the call is given (plan._sizes_passed_in): {sympy text of the size: parameter name}
         self.size_params = {str(v.meta["val"].node.expr): name for v, name in zip(inputs, params)
                             if not isinstance(v, str) and cap.is_sym(v)}
@@ -200,162 +104,45 @@ class BodyRenderer:
         self.entry_sizes: dict = {}  # size symbol -> the name _read_at_entry read it into
         self.entry_dtypes: dict = {}  # input -> the name dtype_of read its dtype into
         self.asked: dict = {}  # size expression (text) -> the parameter the caller passes it in
-        for u in self.units:
+        for u in self.flow.units:
             self._emit(u)
         for v in outputs:
-            if v in self.inline and self.producer.get(v) is not None and self.producer[v].kind == "op":
-                self._say_decomposed(self.producer[v])
+            if v in self.flow.inline and self.flow.producer.get(v) is not None and self.flow.producer[v].kind == "op":
+                self._say_decomposed(self.flow.producer[v])
         self.lines.append(self._return(outputs))
-        params = self.capture.input_names if self.frame.parent is None else self.plan.param_names(self.frame)
+        params = self.capture.input_names if self.frame.parent is None else self._param_names(self.frame)
         return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
                     list(outputs), self.problems)
 
-    def _used_by(self, u) -> list:
-        if u.kind == "call":
-            return [v for v in self.plan.io(u.frame)[0] if not isinstance(v, str)]
-        if u.kind == "update":
-            return [u.node]
-        return list(u.node.all_input_nodes)
+    def _io(self, frame):
+        """plan.io(frame), with the sizes the call asks its caller for among its inputs (as str)."""
+        inputs, outputs = self.plan.io(frame)
+        return inputs + self.sizes_asked.of(frame), outputs
 
-    def _inlinable(self, v, out_set) -> bool:
-        u = self.producer[v]
-        if u.kind == "update" or u.key is None:
-            return False
-        if u.kind == "call" and (len(u.outputs) != 1 or self.plan.specs.get(u.frame.path) is not None
-                                 and self.plan.specs[u.frame.path].core):
-            return False
-        if u.kind == "op" and isinstance(v.meta.get("val"), (list, tuple)):
-            return self._multi_inlinable(v)
-        users = self.consumers[v]
-        if len(users) != 1:
-            return False
-        user = users[0]
-        if user == "return":
-            return bool(u.stmt and u.stmt.is_return) and v in out_set and len(self.plan.io(self.frame)[1]) == 1
-        if user.key != u.key or user.kind == "update" and False:
-            return False
-        if user.kind == "op" and self.plan.flattens_channels_last(self.capture, user.node):
-            return False  # the flatten checks its (H, W) on a name: `assert h.shape[1:3] == ...`
-        if user.kind == "op" and isinstance(user.node.meta.get("val"), (list, tuple)) and \
-                len([g for g in user.node.users if g.users]) > 1:
-            return False  # its outputs are separate expressions: do not repeat v in each
-        return True
+    def _param_names(self, frame) -> list:
+        taken = src.forward_parameters(type(frame.module))
+        return self.plan.param_names(frame) + self.sizes_asked.parameters(frame, taken)
 
-    def _plan_symbols(self):
-        """Choose, for every size a unit reads, the array whose shape it is read from, and count
-        that read as a use (so the array keeps its name until then)."""
-        import torch
-
-        self.sym_source = {}
-        earlier = [v for v in self.inputs if not isinstance(v, str)]
-        for u in self.units:
-            symbols = []
-
-            def collect(v):
-                if isinstance(v, (list, tuple)):
-                    for e in v:
-                        collect(e)
-                elif isinstance(v, str):
-                    symbols.append(v)
-                elif hasattr(v, "op") and cap.is_sym(v):
-                    sizes(v.meta["val"].node.expr)
-                elif isinstance(v, torch.SymInt):
-                    sizes(v.node.expr)
-
-            def sizes(expr):
-                # a compound size too ((s0 - 1)//2 + 1): an input holding it whole keeps its name until here
-                symbols.extend([str(s) for s in expr.free_symbols] + ([] if expr.is_Symbol else [str(expr)]))
-
-            if u.kind == "call":
-                collect(self.plan.io(u.frame)[0])
-            elif u.kind == "op":
-                node = u.node
-                collect(list(node.args) + list(node.kwargs.values()))
-                if str(node.target) in SHAPE_OPS:
-                    collect(list(getattr(node.meta.get("val"), "shape", ())))
-                    for a in node.all_input_nodes:
-                        collect(list(getattr(a.meta.get("val"), "shape", ()) or ()))
-            args, todo = [], [a for a in self._used_by(u) if not isinstance(a, str) and not cap.is_sym(a)]
-            while todo:
-                a = todo.pop(0)
-                if a in args:
-                    continue
-                args.append(a)
-                if a in self.inline and a in self.producer:
-                    todo += [b for b in self._used_by(self.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
-            for name in dict.fromkeys(symbols):
-                candidates = [a for a in args if a not in self.inline] + list(reversed(earlier))
-                source = next((v for v in candidates if self._dim_of(v, name) is not None), None)
-                if source is None:
-                    continue
-                self.sym_source[(u.index, name)] = source
-                if source in self.consumers and u not in self.consumers[source]:
-                    self.consumers[source].append(u)
-            earlier += [v for v in u.outputs if v not in self.inline and not isinstance(v.meta.get("val"), (list, tuple))]
-
-    def _limit_depth(self, limit: int = 4):
-        """Name the inner part of a nested expression deeper than `limit` calls (torch functions
-        such as F.multi_head_attention_forward put dozens of ops in one source statement)."""
-        depth = {}
-        for u in self.units:
-            args = [a for a in self._used_by(u) if a in self.inline]
-            d = 1 + max((depth.get(a, 0) for a in args), default=0)
-            if d > limit:
-                deepest = max(args, key=lambda a: depth.get(a, 0))
-                self.inline.discard(deepest)
-                d = 1 + max((depth.get(a, 0) for a in args if a in self.inline), default=0)
-            for v in u.outputs:
-                depth[v] = d
-
-    def _multi_inlinable(self, v) -> bool:
-        used = [g for g in v.users if (g.users or self._is_output(g))]
-        return len(used) <= 1
-
-    def _is_output(self, g):
-        return g in set(self.plan.io(self.frame)[1])
-
-    def _positions(self) -> dict:
-        """Emission position of each unit: an inlined unit is emitted with its consumer."""
-        pos = {}
-        for u in reversed(self.units):
-            vals = [v for v in u.outputs if v in self.inline]
-            if vals:
-                user = self.consumers[vals[0]][0]
-                pos[u] = math.inf if user == "return" else pos.get(user, user.index)
-            else:
-                pos[u] = u.index
-        return pos
-
-    def _last_use(self, v) -> float:
-        last = -1
-        for user in self.consumers.get(v, []):
-            last = math.inf if user == "return" else max(last, self.positions[user])
-            if user != "return" and user.kind == "op" and isinstance(user.node.meta.get("val"), (list, tuple)):
-                # a multi-output op may be one expression per output (Outputs), each reading v where it is
-                # written (an inlined getitem: in its consumer's statement)
-                for item in user.node.users:
-                    last = max(last, self.positions.get(self.producer.get(item), -1))
-        return last
 
     def _assign_names(self, out_set):
         groups: dict = {}
-        for u in self.units:
+        for u in self.flow.units:
             if u.kind == "update":
                 continue
-            named = [v for v in u.outputs if v not in self.inline and self._needs_name(v)
-                     and (u.kind != "call" or self.consumers.get(v))]  # a result no one reads: `_`
+            named = [v for v in u.outputs if v not in self.flow.inline and self._needs_name(v)
+                     and (u.kind != "call" or self.flow.consumers.get(v))]  # a result no one reads: `_`
             if named:
                 groups.setdefault(u.key if u.key is not None else ("unit", u.index), []).append((u, named))
         for key, members in groups.items():
             values = [v for _, vs in members for v in vs]
-            results = [v for v in values if any(c == "return" or c.key != key for c in self.consumers.get(v, []))]
+            results = [v for v in values if any(c == "return" or c.key != key for c in self.flow.consumers.get(v, []))]
             if results and len(results) < len(values):
                 temps = [v for v in values if v not in results]
                 values = results
                 for u, vs in members:
                     for v in vs:
                         if v in temps:
-                            self._claim(v, self._fallback_name(u, v), self.positions[u])
+                            self._claim(v, self._fallback_name(u, v), self.flow.positions[u])
             stmt = members[0][0].stmt
             targets = list(stmt.targets) if stmt and stmt.targets else []
             wanted = {}
@@ -374,7 +161,7 @@ class BodyRenderer:
             for u, vs in members:
                 for v in vs:
                     if v in values:
-                        self._claim(v, wanted.get(v) or self._fallback_name(u, v), self.positions[u])
+                        self._claim(v, wanted.get(v) or self._fallback_name(u, v), self.flow.positions[u])
 
     def _needs_name(self, v) -> bool:
         if isinstance(v.meta.get("val"), (list, tuple)):
@@ -388,7 +175,7 @@ class BodyRenderer:
             k += 1
             name = f"{base}{k}"
         self.names[v] = name
-        self.live[name] = self._last_use(v)
+        self.live[name] = self.flow.last_use(v)
 
     def _fallback_name(self, u, v) -> str:
         if u.kind == "call":
@@ -415,7 +202,7 @@ class BodyRenderer:
             value = self.value(u.node)
             self.lines.append(f"{self.plan.attr_of_placeholder(self.path, u.target)}[...] = {value.text}")
             return
-        if all(v in self.inline for v in u.outputs) and u.outputs:
+        if all(v in self.flow.inline for v in u.outputs) and u.outputs:
             return
         if u.kind == "call":
             expr = self._call_expr(u)
@@ -440,8 +227,8 @@ class BodyRenderer:
             if isinstance(result, Outputs):
                 self.multi[node] = result
                 return
-            used = [g for g in node.users if g.users or self._is_output(g)]
-            if node in self.inline or (len(used) == 1 and used[0] in self.inline):
+            used = [g for g in node.users if g.users or self.flow.is_output(g)]
+            if node in self.flow.inline or (len(used) == 1 and used[0] in self.flow.inline):
                 self.exprs[node] = result
                 return
             targets = ["_"] * len(val)
@@ -475,8 +262,8 @@ class BodyRenderer:
             seen.add(node)
             if node.meta.get("decomposed") and node.meta["decomposed"] not in ops:
                 ops.append(node.meta["decomposed"])
-            todo += [a for a in node.all_input_nodes if a in self.inline and a not in self.names
-                     and self.producer.get(a) is not None and self.producer[a].kind == "op"]
+            todo += [a for a in node.all_input_nodes if a in self.flow.inline and a not in self.names
+                     and self.flow.producer.get(a) is not None and self.flow.producer[a].kind == "op"]
         for op in ops:
             if op not in self.decomposed:
                 self.decomposed.add(op)
@@ -531,7 +318,7 @@ class BodyRenderer:
             return self._placeholder(v, ph)
         if cap.is_sym(v):
             return self.sym(v)
-        u = self.producer.get(v)
+        u = self.flow.producer.get(v)
         if u is None:
             raise RuntimeError(f"value {v.name} is not available in {self.frame.name or 'the top module'}")
         if u.kind == "call":
@@ -573,7 +360,7 @@ class BodyRenderer:
         self.problems.append((str(node.target) + (f": {why}" if why else ""), self.frame.path, src.user_line(node)))
 
     def _call_expr(self, u) -> Expr:
-        inputs, _ = self.plan.io(u.frame)
+        inputs, _ = self._io(u.frame)
         args = []
         saved, self.current_unit = self.current_unit, u
         for v in inputs:
@@ -599,7 +386,7 @@ class BodyRenderer:
     def _op_expr(self, node) -> Expr:
         saved = (self.current_op, self.sym_cache, self.current_unit)
         self.current_op, self.sym_cache = node, {}
-        self.current_unit = self.producer.get(node, self.current_unit)
+        self.current_unit = self.flow.producer.get(node, self.current_unit)
         try:
             self._prepare_symbols(node)
             return self._op_expr_inner(node)
@@ -666,7 +453,7 @@ class BodyRenderer:
         import sympy
 
         if isinstance(value, str):
-            expr = self.plan.size_expr(value)
+            expr = self.sizes_asked.expr(value)
         elif hasattr(value, "node"):
             expr = value.node.expr
         else:
@@ -689,7 +476,7 @@ class BodyRenderer:
         try:
             return print_size(expr, here, held)
         except _NotHere:
-            name = self.plan.need_symbol(self.frame, expr)
+            name = self._ask_caller(expr)
             self.asked[str(expr)] = name
             return Expr(name)
 
@@ -700,28 +487,31 @@ class BodyRenderer:
         name = str(symbol)
         if name in self.size_params:
             return self.size_params[name]
-        planned = self.sym_source.get((self.current_unit.index, name)) if self.current_unit is not None else None
+        planned = self.flow.sym_source.get((self.current_unit.index, name)) if self.current_unit is not None else None
         if planned is not None and planned in self.names and self.holder.get(self.names[planned]) is planned:
-            return f"{self.names[planned]}.shape[{self._dim_of(planned, name)}]"
+            return f"{self.names[planned]}.shape[{self.flow.dim_of(planned, name)}]"
         first = self._op_arguments()
         held = self._shape_holding(name, first)
         if held is not None:
             return held
         for v in first:
-            if v in self.producer and v not in self.names and self._dim_of(v, name) is not None and \
+            if v in self.flow.producer and v not in self.names and self.flow.dim_of(v, name) is not None and \
                     not isinstance(v.meta.get("val"), (list, tuple)):
                 expr = self.value(v)
-                self._claim(v, self._fallback_name(self.producer[v], v), self.producer[v].index)
+                self._claim(v, self._fallback_name(self.flow.producer[v], v), self.flow.producer[v].index)
                 self.live[self.names[v]] = math.inf
                 self.lines.append(f"{self.names[v]} = {expr.text}")
                 self.exprs.pop(v, None)
                 self._bind(v)
-                return f"{self.names[v]}.shape[{self._dim_of(v, name)}]"
+                return f"{self.names[v]}.shape[{self.flow.dim_of(v, name)}]"
         if self.frame.parent is not None:
             read = self._read_at_entry(name)
             if read is not None:
                 return read
-        return self.plan.need_symbol(self.frame, symbol) if ask_caller else None
+        return self._ask_caller(symbol) if ask_caller else None
+
+    def _ask_caller(self, expr) -> str:
+        return self.sizes_asked.ask(self.frame, expr, src.forward_parameters(type(self.frame.module)))
 
     def _read_at_entry(self, name) -> str | None:
         """A size one of the call's own inputs holds, read from it in a statement at the top of the
@@ -730,7 +520,7 @@ class BodyRenderer:
         if name in self.entry_sizes:
             return self.entry_sizes[name]
         for v, param in self.entry:
-            d = self._dim_of(v, name)
+            d = self.flow.dim_of(v, name)
             if d is None:
                 continue
             self.entry_sizes[name] = self._at_entry("size", f"{param}.shape[{d}]")
@@ -769,8 +559,8 @@ class BodyRenderer:
             if a in first:
                 continue
             first.append(a)
-            if a in self.inline and a in self.producer and a not in self.names:
-                todo += [b for b in self._used_by(self.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
+            if a in self.flow.inline and a in self.flow.producer and a not in self.names:
+                todo += [b for b in self.flow.used_by(self.flow.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
         return first
 
     def _shape_holding(self, name, first) -> str | None:
@@ -778,19 +568,9 @@ class BodyRenderer:
         of them): the arrays `first`, then the most recently computed ones; None if none holds it."""
         for v in first + list(reversed(list(self.holder.values()))):
             if v in self.names and self.holder.get(self.names[v]) is v:
-                found = self._dim_of(v, name)
+                found = self.flow.dim_of(v, name)
                 if found is not None:
                     return f"{self.names[v]}.shape[{found}]"
-        return None
-
-    def _dim_of(self, v, name):
-        """The axis of v's array holding size symbol `name` (its layout considered)."""
-        from flaxport.translate import layout as lay
-
-        val = v.meta.get("val") if hasattr(v, "meta") else None
-        for d, s in enumerate(getattr(val, "shape", ()) or ()):
-            if hasattr(s, "node") and str(s.node.expr) == name:
-                return lay.to_layout_dim(d) if self.plan.layout_of(self.capture, v) == lay.LAST else d
         return None
 
 

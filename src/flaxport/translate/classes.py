@@ -15,6 +15,7 @@ from flaxport import runtime
 from flaxport.translate import calls
 from flaxport.translate.body import BodyRenderer
 from flaxport.translate.naming import safe_name
+from flaxport.translate.sizes import SizesAsked
 from flaxport.translate.plan import (MARK, VAGUE_HINTS, CallConstants, ClassDef, Instance, Line, ModeValue,
                                      body_lines, hashable, keyed)
 
@@ -46,7 +47,7 @@ def _render_every_call(work):
     for mode, capture in plan.captures.items():
         for frame in _postorder(capture.root):
             kind = plan.kinds.get(frame.path, "generated")
-            if kind == "sequential" and any(plan.asks_sizes(child) for child in frame.children):
+            if kind == "sequential" and any(work.sizes_asked.of(child) for child in frame.children):
                 plan.unseal_sequential(frame.path)
                 # the modes rendered before this one hold calls of it too: render those now
                 for other, earlier in plan.frames_by_path.get(frame.path, []):
@@ -59,7 +60,7 @@ def _render_every_call(work):
 
 
 def _render(work, mode, capture, frame):
-    body = BodyRenderer(work.plan, capture, frame, frame.path, work.call_constants).render()
+    body = BodyRenderer(work.plan, capture, frame, frame.path, work.call_constants, work.sizes_asked).render()
     work.bodies[(mode, frame.key)] = body
     work.helpers |= body.helpers
     work.problems += body.problems
@@ -328,6 +329,7 @@ class _Work:
         self.plan = plan
         self.bodies: dict = {}  # (mode, frame key) -> Body
         self.call_constants = CallConstants()
+        self.sizes_asked = SizesAsked()
         self.instances: dict = {}  # path -> Instance
         self.lambdas: dict = {}  # path -> function text of an element of an nn.Sequential
         self.classes: list = []

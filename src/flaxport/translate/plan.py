@@ -131,8 +131,6 @@ class Plan:
         self._io: dict = {}
         self._calls: dict = {}  # id(capture) -> _calls_by_home
         self._eval_frames = {f.key: f for f in captures["eval"].root.walk()} if "eval" in captures else {}
-        self._extra_syms: dict = {}
-        self._size_exprs: dict = {}  # text -> sympy expression of the sizes calls ask for
         # torch path -> what it becomes: layer, generated, sequential, container, inline, element, unused
         self.kinds: dict = {}
         self.specs: dict = {}  # torch path -> the runtime layer's LayerSpec, for each "layer"
@@ -187,10 +185,6 @@ class Plan:
             parent = path.rsplit(".", 1)[0] if "." in path else ""
             if path and kind == "inline" and self.kinds.get(parent) == "sequential":
                 self.kinds[path] = "element"
-
-    def asks_sizes(self, frame) -> bool:
-        """Does this call take sizes from its caller (need_symbol) besides its arrays?"""
-        return bool(self._extra_syms.get(id(frame)))
 
     def unseal_sequential(self, path):
         """An nn.Sequential one of whose elements asks its caller for sizes (timm's MaxPool2dSame
@@ -363,7 +357,7 @@ class Plan:
         key = id(frame)
         if key in self._io:
             inputs, outputs = self._io[key]
-            return inputs + self._extra_syms.get(key, []), outputs
+            return list(inputs), outputs
         capture = self._capture_of(frame)
         if frame.parent is None:
             outputs = [o for o in capture.outputs if hasattr(o, "op")]
@@ -534,31 +528,15 @@ class Plan:
                     return name
         return self.placeholder_name(capture, node)
 
-    def need_symbol(self, frame, expr) -> str:
-        """The parameter a call takes size `expr` (a sympy expression) in, added if new."""
-        extra = self._extra_syms.setdefault(id(frame), [])
-        name = str(expr)
-        self._size_exprs.setdefault(name, expr)
-        if name not in extra:
-            extra.append(name)
-        return _size_name(extra.index(name), src.forward_parameters(type(frame.module)))
-
-    def size_expr(self, name: str):
-        """The sympy expression of a size a call asked its caller for (need_symbol), by its text."""
-        import sympy
-
-        return self._size_exprs.get(name) or sympy.Symbol(name)
-
     def param_names(self, frame) -> list:
+        """The names of the arrays (and sizes) a call is given, as its `__call__`'s parameters; the
+        sizes it asks its caller for (sizes.SizesAsked) follow them."""
         capture = self._capture_of(frame)
         inputs, _ = self.io(frame)
         if frame.parent is None:
             names = list(capture.input_access)
         else:
             names = self._guess_param_names(frame, [v for v in inputs if not isinstance(v, str)])
-        extra = self._extra_syms.get(id(frame), [])
-        taken = src.forward_parameters(type(frame.module))
-        names += [_size_name(i, taken) for i in range(len(extra))]
         return names
 
     def _guess_param_names(self, frame, inputs) -> list:
@@ -785,13 +763,6 @@ def _aliases(module) -> dict:
     for name, t in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
         groups.setdefault(id(t), []).append(name)
     return {name: names for names in groups.values() if len(names) > 1 for name in names}
-
-
-def _size_name(i: int, taken=()) -> str:
-    """The parameter carrying a frame's i-th size its caller reads (fixed as soon as it is written:
-    size, size1, ..., skipping the names the forward's own parameters have: timm Twins' `size`)."""
-    names = (f"size{k}" if k else "size" for k in itertools.count())
-    return next(itertools.islice((n for n in names if n not in taken), i, None))
 
 
 def _own_forward(module) -> bool:

@@ -2,6 +2,8 @@
 the generated code computes them (`x.shape[0] // 2`, `math.ceil(...)`)."""
 from __future__ import annotations
 
+import itertools
+
 from flaxport.translate.ops.table import ADD, ATOM, MUL, POWER, UNARY, Expr, Unsupported
 
 
@@ -63,3 +65,45 @@ def print_size(expr, resolve, held=lambda e: None) -> Expr:
         raise Unsupported(f"a size expression {e}")
 
     return go(expr)
+
+
+class SizesAsked:
+    """The sizes each module call asks its caller for: a size its code needs that none of the
+    arrays it is given holds (timm's MaxPool2dSame pads by amounts computed from the image size),
+    asked whole (`H`, not the image size it comes from) so the caller passes what its own arrays
+    hold. Found as the bodies are rendered, children first, so a caller's body knows what to pass."""
+
+    def __init__(self):
+        self._by_frame: dict = {}  # id(frame) -> [size text], in parameter order
+        self._exprs: dict = {}  # size text -> sympy expression
+
+    def ask(self, frame, expr, taken) -> str:
+        """The parameter frame's call takes size `expr` (a sympy expression) in, added if new;
+        taken: the names its forward's own parameters have."""
+        asked = self._by_frame.setdefault(id(frame), [])
+        text = str(expr)
+        self._exprs.setdefault(text, expr)
+        if text not in asked:
+            asked.append(text)
+        return parameter_name(asked.index(text), taken)
+
+    def of(self, frame) -> list:
+        """The texts of the sizes frame's call asks for, in parameter order."""
+        return list(self._by_frame.get(id(frame), []))
+
+    def parameters(self, frame, taken) -> list:
+        """The parameter names of those sizes."""
+        return [parameter_name(i, taken) for i in range(len(self.of(frame)))]
+
+    def expr(self, text: str):
+        """The sympy expression of an asked size, by its text."""
+        import sympy
+
+        return self._exprs.get(text) or sympy.Symbol(text)
+
+
+def parameter_name(i: int, taken=()) -> str:
+    """The parameter carrying a call's i-th asked size (fixed as soon as it is written: size,
+    size1, ..., skipping the names the forward's own parameters have: timm Twins' `size`)."""
+    names = (f"size{k}" if k else "size" for k in itertools.count())
+    return next(itertools.islice((n for n in names if n not in taken), i, None))
