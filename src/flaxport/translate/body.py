@@ -54,10 +54,11 @@ class BodyRenderer:
     """Renders one frame of one capture. `plan` answers questions about other frames
     (kinds, attribute paths, inputs and outputs, twin nodes in the other captures)."""
 
-    def __init__(self, plan, capture, frame, class_path: str, call_constants, sizes_asked):
+    def __init__(self, plan, capture, frame, class_path: str, call_constants, sizes_asked, added_attributes):
         self.plan, self.capture, self.frame = plan, capture, frame
         self.call_constants = call_constants  # what this frame's calls of modules pass (calls.py)
         self.sizes_asked = sizes_asked  # the sizes calls ask their callers for (sizes.SizesAsked)
+        self.added_attributes = added_attributes  # naming.AddedAttributes: dropout modules, rng streams
         self.path = class_path  # the module path this class renders (== frame.path)
         self.cls_file = src.class_file(type(frame.module))
         self.slots: list = []
@@ -560,7 +561,8 @@ class BodyRenderer:
                 continue
             first.append(a)
             if a in self.flow.inline and a in self.flow.producer and a not in self.names:
-                todo += [b for b in self.flow.used_by(self.flow.producer[a]) if not isinstance(b, str) and not cap.is_sym(b)]
+                todo += [b for b in self.flow.used_by(self.flow.producer[a])
+                         if not isinstance(b, str) and not cap.is_sym(b)]
         return first
 
     def _shape_holding(self, name, first) -> str | None:
@@ -572,7 +574,6 @@ class BodyRenderer:
                 if found is not None:
                     return f"{self.names[v]}.shape[{found}]"
         return None
-
 
     # ------------------------------------------------------------------ literals
     def slot(self, value, hint) -> Expr:

@@ -14,7 +14,7 @@ import re
 from flaxport import runtime
 from flaxport.translate import calls
 from flaxport.translate.body import BodyRenderer
-from flaxport.translate.naming import safe_name
+from flaxport.translate.naming import AddedAttributes, free_name, safe_name
 from flaxport.translate.sizes import SizesAsked
 from flaxport.translate.plan import (MARK, VAGUE_HINTS, CallConstants, ClassDef, Instance, Line, ModeValue,
                                      body_lines, hashable, keyed)
@@ -60,7 +60,8 @@ def _render_every_call(work):
 
 
 def _render(work, mode, capture, frame):
-    body = BodyRenderer(work.plan, capture, frame, frame.path, work.call_constants, work.sizes_asked).render()
+    body = BodyRenderer(work.plan, capture, frame, frame.path, work.call_constants, work.sizes_asked,
+                        work.added_attributes).render()
     work.bodies[(mode, frame.key)] = body
     work.helpers |= body.helpers
     work.problems += body.problems
@@ -330,6 +331,7 @@ class _Work:
         self.bodies: dict = {}  # (mode, frame key) -> Body
         self.call_constants = CallConstants()
         self.sizes_asked = SizesAsked()
+        self.added_attributes = AddedAttributes(plan.attribute_names)
         self.instances: dict = {}  # path -> Instance
         self.lambdas: dict = {}  # path -> function text of an element of an nn.Sequential
         self.classes: list = []
@@ -471,10 +473,7 @@ def _parameters(cdef: ClassDef):
                                                        HINT_ORDER.index(h) if h in HINT_ORDER else len(HINT_ORDER), h))
             free = [h for h in ranked if safe_name(h) not in names]
             name = attr_vectors.get(hv) or safe_name(free[0] if free else ranked[0])
-            base, k = name, 1
-            while name in names:
-                k += 1
-                name = f"{base}{k}"
+            name = free_name(name, names)
             names.add(name)
             by_vector[hv] = name
             params.append((name, vec))

@@ -227,12 +227,12 @@ class OpContext:
 
     def random_key(self) -> str:
         """A fresh key from the module's `noise` stream (one stream a module; it advances per draw)."""
-        attr = self.body.plan.synth_name(self.body.frame, None, "noise")
+        attr = self.body.added_attributes.name(self.body.frame, None, "noise")
         self.body.synth[attr] = "rngs.noise.fork()"
         return f"self.{attr}()"
 
     def submodule(self, base: str, constructor: str) -> Expr:
-        attr = self.body.plan.synth_name(self.body.frame, self.node, base)
+        attr = self.body.added_attributes.name(self.body.frame, self.node, base)
         self.body.synth[attr] = constructor
         return Expr(f"self.{attr}")
 

@@ -16,6 +16,34 @@ RESERVED |= {n for n in dir(__import__("builtins")) if not n.startswith("_")}
 RESERVED |= runtime.names() | set(runtime.STANDARD) | set(runtime.IMPORTS) | {"load", "flaxport_conv"}
 
 
+def free_name(base: str, taken) -> str:
+    """base, else base2, base3, ...: the first not in `taken`."""
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}{k}"
+    return name
+
+
+class AddedAttributes:
+    """Names of what a translated class holds that its torch module does not: the nnx.Dropout of
+    a functional dropout, a module's `noise` stream. One name per (op, kind) of a module, the same
+    in each of its calls and in both modes, never one of the module's own attributes.
+    own(path) -> the names the torch module at path already uses."""
+
+    def __init__(self, own):
+        self._own = own
+        self._by_path: dict = {}
+
+    def name(self, frame, node, base: str) -> str:
+        """The attribute for `base` made by `node` (None: one for the module) in frame's module."""
+        per_path = self._by_path.setdefault(frame.path, {})
+        key = (node.name if node is not None else None, base)
+        if key not in per_path:
+            per_path[key] = free_name(base, set(per_path.values()) | self._own(frame.path))
+        return per_path[key]
+
+
 def safe_name(name: str) -> str:
     """A torch name (`layers.0`, `0`) as a Python identifier (`layers_0`, `h0`)."""
     name = re.sub(r"\W", "_", name).strip("_") or "h"

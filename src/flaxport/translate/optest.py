@@ -26,10 +26,10 @@ class _Body:
         self.needs_training = False
         self.capture = type("C", (), {"mode": "eval"})()
         self.plan = type("P", (), {"twin": lambda *a: None, "dtype_reference": lambda *a: None,
-                                   "synth_name": lambda self_, frame, node, base: base,
                                    "wanted": lambda *a: "torch", "layout_of": lambda *a: "torch",
                                    "flattens_channels_last": lambda *a: False})()
         self.frame = None
+        self.added_attributes = type("A", (), {"name": lambda self_, frame, node, base: base})()
 
     def value(self, v) -> Expr:
         return Expr(self.names[v])

@@ -28,7 +28,7 @@ from collections import Counter
 from flaxport.translate import capture as cap
 from flaxport.translate import layers as layer_table
 from flaxport.translate import source as src
-from flaxport.translate.naming import NNX_RESERVED, safe_name
+from flaxport.translate.naming import NNX_RESERVED, free_name, safe_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +134,6 @@ class Plan:
         # torch path -> what it becomes: layer, generated, sequential, container, inline, element, unused
         self.kinds: dict = {}
         self.specs: dict = {}  # torch path -> the runtime layer's LayerSpec, for each "layer"
-        self._synth: dict = {}
         self._const_names: dict = {}
         # twins (one op in other captures of the forward) by key: node names shift between modes
         self._by_key = {mode: {cap.twin_key(n): n for n in c.graph.nodes} for mode, c in captures.items()}
@@ -148,6 +147,11 @@ class Plan:
         if layout == "nhwc":
             self._assign_layouts()
         self._find_flattened_linears()
+        # every lifted constant named now, after the module that first reads it: later stages only read the names
+        for c in [*captures.values(), *([f64] if f64 is not None else [])]:
+            for node, ph in c.placeholders.items():
+                if ph.kind == "constant" and node.name not in self._const_names:
+                    self._name_constant(c, node)
 
     # ------------------------------------------------------------------ kinds
     def _decide_kinds(self):
@@ -560,15 +564,11 @@ class Plan:
         ph = capture.placeholders[node]
         if ph.kind in ("param", "buffer"):
             return ph.target
-        if node.name not in self._const_names:
-            self._name_constant(capture, node)
         return self._const_names[node.name]
 
     def placeholder_owner(self, capture, node) -> str:
         ph = capture.placeholders[node]
         if ph.kind == "constant":
-            if node.name not in self._const_names:
-                self._name_constant(capture, node)
             return self._const_names[node.name].rsplit(".", 1)[0] if "." in self._const_names[node.name] else ""
         return ph.target.rsplit(".", 1)[0] if "." in ph.target else ""
 
@@ -582,26 +582,19 @@ class Plan:
         stmt = src.statement(users[0], src.class_file(type(self.modules[path]))) if users else None
         base = safe_name(stmt.targets[0]) if stmt and stmt.targets and stmt.targets[0] else "constant"
         taken = {n.rsplit(".", 1)[-1] for n in self._const_names.values() if n.rsplit(".", 1)[0] == path}
-        taken |= self._attribute_names(path)
-        name, k = base, 1
-        while name in taken:
-            k += 1
-            name = f"{base}{k}"
+        name = free_name(base, taken | self.attribute_names(path))
         self._const_names[node.name] = f"{path}.{name}" if path else name
 
-    def _attribute_names(self, path) -> set:
+    def attribute_names(self, path) -> set:
+        """The names the torch module at path uses: its children, parameters and buffers."""
         m = self.modules[path]
         return {n for n, _ in m.named_children()} | {n for n, _ in m.named_parameters(recurse=False)} | \
             {n for n, _ in m.named_buffers(recurse=False)}
 
     def constants(self, capture) -> dict:
         """'<path>.<attr>' -> tensor for every lifted constant of a capture."""
-        out = {}
-        for node, ph in capture.placeholders.items():
-            if ph.kind == "constant":
-                self.placeholder_owner(capture, node)
-                out[self._const_names[node.name]] = ph.value
-        return out
+        return {self._const_names[node.name]: ph.value for node, ph in capture.placeholders.items()
+                if ph.kind == "constant"}
 
     def owns_update(self, frame, target) -> bool:
         owner = target.rsplit(".", 1)[0] if "." in target else ""
@@ -712,18 +705,6 @@ class Plan:
             if p.is_floating_point() and self.held(".".join(filter(None, [path, owner]))):
                 return self.attr_of_placeholder(path, f"{path}.{name}" if path else name)
         return None
-
-    def synth_name(self, frame, node, base) -> str:
-        per_path = self._synth.setdefault(frame.path, {})
-        key = (node.name if node is not None else None, base)  # node None: one a module
-        if key not in per_path:
-            taken = set(per_path.values()) | self._attribute_names(frame.path)
-            name, k = base, 1
-            while name in taken:
-                k += 1
-                name = f"{base}{k}"
-            per_path[key] = name
-        return per_path[key]
 
     # ------------------------------------------------------------------ root outputs
     def _root_structure(self, capture, render) -> str:
