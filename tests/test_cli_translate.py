@@ -81,6 +81,39 @@ MODELS = textwrap.dedent('''
 
     def normed():
         return nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Conv1d(2, 4, 3)), nn.ReLU())
+
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(8, 16, batch_first=True)
+            self.head = nn.Linear(16, 3)
+
+        def forward(self, x, state, mask=None):
+            out, (h, c) = self.rnn(x, state)
+            logits = self.head(out)
+            if mask is not None:
+                logits = logits.masked_fill(~mask[..., None], 0.0)
+            return logits, h, c
+
+
+    def tagger():
+        torch.manual_seed(0)
+        return Tagger()
+
+
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, parts):
+            return self.proj(parts["a"]) * parts["b"]
+
+
+    def mixer():
+        torch.manual_seed(0)
+        return Mixer()
 ''')
 
 
@@ -221,3 +254,55 @@ def test_a_wrong_translation_exits_1_names_the_submodule_and_still_writes_the_fi
     assert "**FAIL, first**" in (out / "parity.md").read_text()
     report = json.loads(json.dumps({"ok": False}))
     assert report["ok"] is False
+
+
+def test_tuple_dict_and_keyword_inputs_are_given_as_forward_takes_them(models, tmp_path, capsys):
+    """An LSTM's (h, c) as one tuple argument, a keyword mask, a dict: proved in float64, and the
+    written file takes them as torch's forward does."""
+    import importlib.util
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    out = tmp_path / "tagger"
+    code, text, err = _run([f"{models}:tagger", "--input", "2,5,8", "--input", "(1,2,16;1,2,16)",
+                            "--input", "mask=2,5:bool", "--out", out], capsys)
+    assert code == 0, err
+    assert "parity (float64, eval mode): OK" in text
+    source = (out / "model.py").read_text()
+    assert "out, (h, c) = self.rnn(x, state)" in source and "def __call__(self, x, state, mask):" in source
+    assert "mask=(2, 5) bool" in (out / "parity.md").read_text()
+    spec = importlib.util.spec_from_file_location("tagger_model", out / "model.py")
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    model = written.load(str(out))
+    torch.manual_seed(0)
+    twin = torch.nn.LSTM(8, 16, batch_first=True)  # the factory's LSTM: its weights are the file's
+    x, h, c = torch.randn(2, 5, 8), torch.randn(1, 2, 16), torch.randn(1, 2, 16)
+    _, (h_torch, _) = twin(x, (h, c))
+    _, h_jax, _ = model(jnp.asarray(x.numpy()), (jnp.asarray(h.numpy()), jnp.asarray(c.numpy())),
+                        jnp.ones((2, 5), bool))
+    np.testing.assert_allclose(np.asarray(h_jax), h_torch.detach().numpy(), atol=1e-5)
+
+    code, text, err = _run([f"{models}:mixer", "--input", "{a=3,4;b=3,4}", "--out", tmp_path / "mixer"], capsys)
+    assert code == 0 and "parity (float64, eval mode): OK" in text, err
+
+
+@pytest.mark.parametrize("given, message", [
+    ("(1,2,16;1,2,16", "'(' without its ')'"),
+    ("{h=1,2;c}", "a dict's items are NAME=VALUE"),
+    ("(1,2;;3)", "an empty item"),
+    ("{h=1,2;h=3}", "'h' twice"),
+    ("(1,2);3)", "a closing bracket without its opening one"),
+    ("mask=2,x", "comma-separated sizes"),
+])
+def test_a_bad_nested_input_is_one_line(models, tmp_path, capsys, given, message):
+    code, _, err = _run([f"{models}:tagger", "--input", "2,5,8", "--input", given, "--out", tmp_path / "o"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_keyword_input_given_twice_is_refused(models, tmp_path, capsys):
+    code, _, err = _run([f"{models}:tagger", "--input", "2,5,8", "--input", "(1,2,16;1,2,16)", "--input",
+                         "mask=2,5:bool", "--input", "mask=2,5:bool", "--out", tmp_path / "o"], capsys)
+    assert code == 2 and "--input mask=...: given twice" in err, err

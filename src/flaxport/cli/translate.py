@@ -8,7 +8,9 @@ without running anything: .safetensors, or a torch file through torch.load(weigh
 
 --input gives one example input per positional argument of forward, in torch's layout:
 `2,3,32,32` (float32 from N(0, 1)), `2,7:int64` (token ids drawn below the smallest
-nn.Embedding's size, else below 2), also float64, int32, bool.
+nn.Embedding's size, else below 2), also float64, int32, bool; `(1,2,16;1,2,16)` a tuple of
+inputs (an LSTM's (h, c)), `{h=1,2,16;c=1,2,16}` a dict, nested as forward takes them;
+`NAME=...` before any of them a keyword argument (`--input attention_mask=2,7:bool`).
 
 Writes DIR/model.py (imports only jax, flax, numpy and the standard library, and
 flaxport's CPU convolution kernels where flaxport is installed, unless --conv xla; `load(DIR)`),
@@ -25,6 +27,7 @@ weights that do not fit, ops with no translation: one line each).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -40,7 +43,8 @@ def add_parser(sub):
     p = sub.add_parser("translate", help="translate a torch.nn.Module into Flax NNX source, weights and proof")
     p.add_argument("factory", metavar="FACTORY", help="file.py:name or package.module:name returning the nn.Module")
     p.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]", required=False,
-                   help="an example input per positional forward argument, e.g. 2,3,32,32 or 2,7:int64")
+                   help="an example input per positional forward argument, e.g. 2,3,32,32 or 2,7:int64; a tuple "
+                        "'(1,2,16;1,2,16)', a dict '{h=1,2,16;c=1,2,16}'; NAME=... for a keyword argument")
     p.add_argument("--out", required=False, metavar="DIR", help="where to write model.py, weights.safetensors, parity.md")
     p.add_argument("--weights", default=None, metavar="FILE", help="load these torch weights first (.pt, .safetensors)")
     p.add_argument("--layout", default="nchw", choices=("nchw", "nhwc"),
@@ -86,7 +90,11 @@ def run(args) -> int:
         raise UserError("translate needs --input SHAPE[:DTYPE] for each positional input of forward")
     if not args.out:
         raise UserError("translate needs --out DIR")
-    specs = [parse_input(text) for text in args.input]  # before anything slow runs
+    parsed = [parse_input(text) for text in args.input]  # before anything slow runs
+    names = [name for name, _ in parsed if name is not None]
+    if len(set(names)) < len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise UserError(f"--input {twice}=...: given twice")
     common.check_seed(args.seed)
     optimizer = loss = None
     if (args.optimizer is None) != (args.loss is None):
@@ -114,17 +122,17 @@ def run(args) -> int:
     from flaxport.translate.save import FILES
 
     out = fileset.check(args.out, FILES, "--out")  # an unusable or foreign folder: refused before any work
-    check_input_memory(args.input, specs)
+    check_input_memory(args.input, parsed)
     module = load_factory(args.factory)
     if args.weights:
         load_weights(module, args.weights)
     module.train(args.train)
-    inputs = make_inputs(specs, module, args.seed)
+    inputs, keywords = make_inputs(parsed, module, args.seed)
     from flaxport.translate import translate
     from flaxport.translate.preflight import ForwardError
 
     try:
-        t = translate(module, *inputs, layout=args.layout, conv=args.conv)
+        t = translate(module, *inputs, layout=args.layout, conv=args.conv, example_kwargs=keywords)
     except ForwardError as e:
         raise UserError(f"--input {' --input '.join(args.input)}: {e}") from e
     if optimizer is not None:
@@ -149,9 +157,66 @@ def run(args) -> int:
     return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One example tensor: its shape and dtype name."""
+
+    shape: tuple
+    dtype: str
+
+
 def parse_input(text: str):
-    """'2,3,32,32' / '2,7:int64' -> (shape, dtype)."""
-    shape_text, _, dtype = text.partition(":")
+    """One --input -> (keyword or None, spec). A spec is a TensorSpec ('2,3,32,32', '2,7:int64'),
+    a tuple of specs ('(1,2,16;1,2,16)': an LSTM's (h, c)) or a dict of them ('{h=1,2,16;c=1,2,16}');
+    'NAME=' before any of them makes it forward's keyword argument NAME."""
+    name, eq, value = text.partition("=")
+    if eq and name.isidentifier() and not text.startswith(("(", "{")):
+        return name, _parse_value(text, value.strip())
+    return None, _parse_value(text, text.strip())
+
+
+def _parse_value(text: str, value: str):
+    if value[:1] in ("(", "{"):
+        close = {"(": ")", "{": "}"}[value[0]]
+        if not value.endswith(close):
+            raise UserError(f"--input {text!r}: {value[0]!r} without its {close!r}")
+        items = _split_items(text, value[1:-1])
+        if value[0] == "(":
+            return tuple(_parse_value(text, item) for item in items)
+        out = {}
+        for item in items:
+            key, eq, rest = item.partition("=")
+            key = key.strip()
+            if not eq or not key.isidentifier():
+                raise UserError(f"--input {text!r}: a dict's items are NAME=VALUE, e.g. {{h=1,2,16;c=1,2,16}}")
+            if key in out:
+                raise UserError(f"--input {text!r}: {key!r} twice")
+            out[key] = _parse_value(text, rest.strip())
+        return out
+    return _parse_tensor(text, value)
+
+
+def _split_items(text: str, inner: str) -> list:
+    """The ';'-separated items of a tuple or dict, brackets nested."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(inner):
+        depth += ch in "({"
+        depth -= ch in ")}"
+        if depth < 0:
+            raise UserError(f"--input {text!r}: a closing bracket without its opening one")
+        if ch == ";" and depth == 0:
+            items.append(inner[start:i])
+            start = i + 1
+    items.append(inner[start:])
+    if depth:
+        raise UserError(f"--input {text!r}: an opening bracket without its closing one")
+    if any(not item.strip() for item in items):
+        raise UserError(f"--input {text!r}: an empty item (items are separated by ';')")
+    return [item.strip() for item in items]
+
+
+def _parse_tensor(text: str, value: str) -> TensorSpec:
+    shape_text, _, dtype = value.partition(":")
     dtype = dtype or "float32"
     if dtype not in DTYPES:
         raise UserError(f"--input {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -163,10 +228,17 @@ def parse_input(text: str):
         raise UserError(f"--input {text!r}: every size must be at least 1")
     if any(s >= 2**63 for s in shape):
         raise UserError(f"--input {text!r}: every size must be below 2**63")
-    return shape, dtype
+    return TensorSpec(shape, dtype)
 
 
-def check_input_memory(texts, specs) -> None:
+def _tensors(spec) -> list:
+    """The TensorSpecs of a spec, in order."""
+    if isinstance(spec, TensorSpec):
+        return [spec]
+    return [t for item in (spec.values() if isinstance(spec, dict) else spec) for t in _tensors(item)]
+
+
+def check_input_memory(texts, parsed) -> None:
     """Refuse example inputs that alone need more memory than is free here (before any is made)."""
     import math
 
@@ -174,7 +246,7 @@ def check_input_memory(texts, specs) -> None:
 
     from flaxport.workloads.validate import available_bytes, size_text
 
-    sizes = [math.prod(shape) * np.dtype("bool" if dtype == "bool" else dtype).itemsize for shape, dtype in specs]
+    sizes = [sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in _tensors(spec)) for _, spec in parsed]
     free = available_bytes()
     if free is not None and sum(sizes) > free:
         worst = max(range(len(sizes)), key=sizes.__getitem__)
@@ -266,21 +338,33 @@ def _diff_keys(own, given):
     return [k for k in own if k not in given], [k for k in given if k not in own]
 
 
-def make_inputs(specs, module, seed: int):
+def make_inputs(parsed, module, seed: int):
+    """(args, kwargs) of forward from parse_input's results, drawn in the order given: floats from
+    N(0, 1), integers below the smallest nn.Embedding's size (else 2), bools fair."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     tables = [m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)]
     high = min(tables) if tables else 2
-    out = []
-    for shape, dtype in specs:
-        if dtype in ("float32", "float64"):
-            out.append(torch.randn(shape, generator=g, dtype=getattr(torch, dtype)))
-        elif dtype == "bool":
-            out.append(torch.rand(shape, generator=g) > 0.5)
+
+    def make(spec):
+        if isinstance(spec, dict):
+            return {key: make(item) for key, item in spec.items()}
+        if isinstance(spec, tuple):
+            return tuple(make(item) for item in spec)
+        if spec.dtype in ("float32", "float64"):
+            return torch.randn(spec.shape, generator=g, dtype=getattr(torch, spec.dtype))
+        if spec.dtype == "bool":
+            return torch.rand(spec.shape, generator=g) > 0.5
+        return torch.randint(0, high, spec.shape, generator=g, dtype=getattr(torch, spec.dtype))
+
+    args, kwargs = [], {}
+    for name, spec in parsed:
+        if name is None:
+            args.append(make(spec))
         else:
-            out.append(torch.randint(0, high, shape, generator=g, dtype=getattr(torch, dtype)))
-    return out
+            kwargs[name] = make(spec)
+    return args, kwargs
 
 
 def _what(e: BaseException) -> str:

@@ -151,10 +151,15 @@ class BodyRenderer:
             spec = self.plan.specs.get(u0.frame.path) if u0.kind == "call" else None
             if spec is not None and spec.core and targets:
                 for v in values:
-                    position = spec.outputs[v.args[1]][1]
-                    if position < len(targets) and targets[position] and \
-                            sum(spec.outputs[w.args[1]][1] == position for w in values) == 1:
-                        wanted[v] = targets[position]
+                    access, position = spec.outputs[v.args[1]]
+                    if sum(spec.outputs[w.args[1]][1] == position for w in values) == 1:
+                        name = targets[position] if position < len(targets) else None
+                    else:  # one of a tuple the layer returns: `out, (h, c) = self.rnn(x)` names it h or c
+                        inner = stmt.inner_targets[position] if position < len(stmt.inner_targets) else ()
+                        k = int(access.rsplit("[", 1)[1].rstrip("]")) if access.count("[") == 2 else None
+                        name = inner[k] if k is not None and k < len(inner) else None
+                    if name:
+                        wanted[v] = name
             elif targets and len(targets) == len(values):
                 wanted = dict(zip(values, targets))
             elif targets and (len(targets) == 1 or len(values) == 1) and targets[0]:
@@ -381,8 +386,17 @@ class BodyRenderer:
         attr = self.plan.attr_expr(self.path, u.frame.path)
         spec = self.plan.specs.get(u.frame.path)
         if spec is not None and spec.state > 1 and len(args) == 1 + spec.state:  # given its state: as one tuple
-            args = [args[0], f"({', '.join(args[1:])})"]
+            args = [args[0], self._whole_input(args[1:]) or f"({', '.join(args[1:])})"]
         return Expr(f"{attr}({', '.join(args)})")
+
+    def _whole_input(self, items) -> str | None:
+        """`state` where items are `state[0]`, `state[1]`, ... and that is the whole of the forward's
+        tuple argument `state` (an LSTM given the (h, c) it was called with)."""
+        if self.frame.parent is not None or not items or not items[0].endswith("[0]"):
+            return None
+        whole = items[0][:-3]
+        held = [a for a in self.capture.input_access if a.startswith(whole + "[")]
+        return whole if list(items) == [f"{whole}[{i}]" for i in range(len(items))] == held else None
 
     def _op_expr(self, node) -> Expr:
         saved = (self.current_op, self.sym_cache, self.current_unit)

@@ -282,8 +282,9 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
                 sub.momentum = 0.1
     if dtype is not None:
         m = m.to(dtype)
-        args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
-        kwargs = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kwargs.items()}
+        # the floating tensors inside tuples, lists and dicts too (an LSTM's (h, c) state)
+        args, kwargs = torch.utils._pytree.tree_map_only(
+            torch.Tensor, lambda a: a.to(dtype) if a.is_floating_point() else a, (tuple(args), dict(kwargs)))
     started = time.process_time()
     with torch.no_grad():
         program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic,

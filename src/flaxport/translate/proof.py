@@ -624,11 +624,13 @@ def _postorder(frame):
 
 
 def _cast(v, dtype):
+    """v with its floating tensors (inside tuples, lists and dicts too) cast to dtype (None: as is)."""
     import torch
+    from torch.utils import _pytree
 
-    if dtype is not None and torch.is_tensor(v) and v.is_floating_point():
-        return v.to(dtype)
-    return v
+    if dtype is None:
+        return v
+    return _pytree.tree_map_only(torch.Tensor, lambda a: a.to(dtype) if a.is_floating_point() else a, v)
 
 
 def _np(v):
@@ -645,7 +647,7 @@ def markdown(t) -> str:
     if r is None:
         return "\n".join(lines + ["Not checked (translate ran with check=False).", ""])
     lines += [f"**{r.headline()}**", "",
-              f"Eval mode, the example inputs ({', '.join(_shape_text(a) for a in t.example_args)}); "
+              f"Eval mode, the example inputs ({_inputs_text(t.example_args, t.example_kwargs)}); "
               f"both sides in {r.precision} (jax x64, torch `.double()`), float32 beside it. "
               f"A row passes when max|torch - jax| <= {r.atol:g} + {r.rtol:g} x max|torch|. "
               "torch's values at each submodule boundary come from its own ATen kernels on the captured graph; "
@@ -665,8 +667,21 @@ def markdown(t) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _inputs_text(args, kwargs) -> str:
+    return ", ".join([_shape_text(a) for a in args] + [f"{k}={_shape_text(v)}" for k, v in kwargs.items()])
+
+
 def _shape_text(a) -> str:
-    return f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}" if hasattr(a, "shape") else repr(a)
+    """`(2, 5, 8) float32`; a tuple, list or dict of inputs as one, item by item."""
+    if hasattr(a, "shape"):
+        return f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}"
+    if isinstance(a, dict):
+        return "{" + ", ".join(f"{k!r}: {_shape_text(v)}" for k, v in a.items()) + "}"
+    if isinstance(a, (tuple, list)):
+        inner = ", ".join(_shape_text(v) for v in a)
+        return f"({inner},)" if isinstance(a, tuple) and len(a) == 1 else \
+            (f"({inner})" if isinstance(a, tuple) else f"[{inner}]")
+    return repr(a)
 
 
 # --------------------------------------------------------------------------- train mode

@@ -27,6 +27,8 @@ class Statement:
     calls: int = 1  # function calls written in it (a loop running it again calls more)
     loops: bool = False  # inside a for/while loop, or holding a comprehension: it may run again
     self_calls: tuple = ()  # attributes of self it calls (`self.encode(x)`: ('encode',))
+    # per target, the names a nested tuple unpacks: `out, (h, c) = ...` gives ((), ('h', 'c'))
+    inner_targets: tuple = ()
 
 
 def frames(node) -> list:
@@ -107,8 +109,11 @@ def _statement_at(file: str, line: int) -> Statement | None:
     if best is None:
         return None
     targets: tuple = ()
+    inner: tuple = ()
     if isinstance(best, ast.Assign):
         targets = _names(best.targets[0])
+        if isinstance(best.targets[0], (ast.Tuple, ast.List)):
+            inner = tuple(_names(e) if isinstance(e, (ast.Tuple, ast.List)) else () for e in best.targets[0].elts)
     elif isinstance(best, (ast.AugAssign, ast.AnnAssign)):
         targets = _names(best.target)
     text = linecache.getline(file, best.lineno).strip()
@@ -119,7 +124,7 @@ def _statement_at(file: str, line: int) -> Statement | None:
     self_calls = tuple(c.func.attr for c in calls if isinstance(c.func, ast.Attribute)
                        and isinstance(c.func.value, ast.Name) and c.func.value.id == "self")
     return Statement((file, best.lineno, best.col_offset), targets, isinstance(best, ast.Return), text,
-                     max(len(calls), 1), loops, self_calls)
+                     max(len(calls), 1), loops, self_calls, inner)
 
 
 _COMPOUND = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
