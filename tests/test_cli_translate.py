@@ -306,3 +306,21 @@ def test_a_keyword_input_given_twice_is_refused(models, tmp_path, capsys):
     code, _, err = _run([f"{models}:tagger", "--input", "2,5,8", "--input", "(1,2,16;1,2,16)", "--input",
                          "mask=2,5:bool", "--input", "mask=2,5:bool", "--out", tmp_path / "o"], capsys)
     assert code == 2 and "--input mask=...: given twice" in err, err
+
+
+def test_written_files_that_do_not_run_as_proved_exit_1(models, tmp_path, capsys, monkeypatch):
+    """Fault injected: weights.safetensors written with one tensor doubled. The proof of the model in
+    memory passes; the files, loaded and run as a user runs them, do not."""
+    from flaxport.translate import save
+
+    write = save.write_safetensors
+
+    def doubled(path, arrays, metadata=None):
+        arrays = dict(arrays, **{"head.weight": arrays["head.weight"] * 2})
+        write(path, arrays, metadata)
+
+    monkeypatch.setattr(save, "write_safetensors", doubled)
+    code, out, err = _run([f"{models}:net", "--input", "2,3,16,16", "--out", tmp_path / "o"], capsys)
+    assert code == 1 and "parity (float64, eval mode): OK" in out
+    assert len(err.strip().splitlines()) == 1
+    assert "the written files do not run as proved: model.py's output 0 is off by" in err

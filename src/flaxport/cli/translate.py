@@ -21,8 +21,10 @@ step with the optimizer as optax (and --scheduler, --clip-grad-norm/--clip-grad-
 --accumulate, --precision bf16 as the torch loop has them), and DIR/train.py, a training
 program for it (the user's loader, a mesh of devices, checkpoints, continuing a torch run);
 the step is proven against torch for --proof-steps steps (docs/translate.md).
-Exit 0 when the float64 check passes, 1 when it does not (the files are written, and the
-first submodule that differs is named), 2 for bad input (an unknown factory, a bad --input,
+Then the written files are run as a user runs them: model.py's own load(), jitted, in eval mode
+against torch's float32 outputs and once in train mode (translate/written.py).
+Exit 0 when the float64 check and the files pass, 1 when one does not (the files are written,
+and the first submodule that differs is named), 2 for bad input (an unknown factory, a bad --input,
 weights that do not fit, ops with no translation: one line each).
 """
 from __future__ import annotations
@@ -154,6 +156,15 @@ def run(args) -> int:
                f"the translation of {first.torch_name!r} computes something else (max |diff| {first.max_abs:.3g})")
         print(f"flaxport: parity failed: {why}; see {out / 'parity.md'}", file=sys.stderr)
         return 1
+    from flaxport.translate.written import check_written
+
+    written_check = check_written(t, module, out)  # the files as the user will run them
+    if written_check.problem:
+        print(f"flaxport: the written files do not run as proved: {written_check.problem} ({out / 'model.py'})",
+              file=sys.stderr)
+        return 1
+    print(f"ran {out / 'model.py'} with its load(): eval mode within {written_check.float32:.2g} of torch "
+          f"(float32), train mode finite")
     return 0
 
 

@@ -27,7 +27,8 @@ The stages, each a module here, each reading what the one before produced
   body       one call's __call__ -> Body (its lines, the runtime pieces it asked for, its problems)
   classes    bodies merged over modes and calls, instances grouped -> Classes (frozen)
   emit       Plan + Classes -> the model.py text
-  proof      the written file against torch, float64 at every module boundary
+  proof      the translation against torch, float64 at every module boundary
+  written    the files as saved, loaded with model.py's load() and run in eval and train mode
 
 Importing this package imports neither torch nor JAX; the functions do.
 """

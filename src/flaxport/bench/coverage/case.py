@@ -30,13 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from flaxport.bench.coverage import one_line
 
 SETTLE_FORWARDS = 3
-# float32 rounding leaves ~1e-6 of max|torch|; a weight read into the wrong place is off by order 1
-FLOAT32_RTOL = 1e-3
 
 
 def module_name(source: str) -> str:
@@ -117,7 +113,7 @@ def check_sample(module, args: tuple, kwargs: dict, out: dict, progress, speed: 
     seconds["translate"] = round(time.perf_counter() - start, 2)
     out.update(translated=True, lines=len(t.source.splitlines()))
     checks = (("proof", lambda: _proof(prove(t, module), out)), ("train", lambda: _train(t, module, check_train)),
-              ("files", lambda: _files(t, module, args, kwargs, out)))
+              ("files", lambda: _files(t, module, out)))
     failed = []
     for step, check in checks:
         progress(step)
@@ -207,84 +203,16 @@ def _train(t, module, check_train) -> str:
             + (f", {first.note}" if first.note else "") + ")")
 
 
-def _files(t, module, args, kwargs, out) -> str:
-    """model.py and weights.safetensors written, loaded with model.py's own load(), run in eval mode
-    (against torch's float32 outputs, taking torch's random draws and dropout masks as the proof
-    does) and in train mode."""
-    import importlib.util
+def _files(t, module, out) -> str:
+    """model.py and weights.safetensors written and run as a user runs them (translate.written)."""
+    from flaxport.translate.written import check_written
 
-    import jax
-    import torch
-
-    # the proof's own input and output order, and its record and replay of random draws and dropout
-    from flaxport.translate.proof import (jax_arguments, jax_noise, leaves_like, to_numpy, torch_noise,
-                                         uninitialised_outputs)
-
-    capture = t.plan.captures.get("eval") or next(iter(t.plan.captures.values()))
-    with torch_noise(capture) as (draws, masks):
-        torch_out = torch_output(module, args, kwargs)
-    # a Python number torch returns (.item(), a torch.Size) is an array in model.py's output
-    expected = [to_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
-                if torch.is_tensor(a) or isinstance(a, (int, float))]
     with tempfile.TemporaryDirectory(prefix="flaxport-coverage-") as directory:
         t.save(directory)
-        spec = importlib.util.spec_from_file_location("model", os.path.join(directory, "model.py"))
-        model_py = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(model_py)
-        model = model_py.load(directory)
-    inputs = jax_arguments(t, None)
-    model.eval()
-    with jax.default_matmul_precision("highest"), jax_noise(draws, masks):
-        got = [np.asarray(a) for a in leaves_like(_call(model, inputs), torch_out)]
-    if len(got) != len(expected):
-        return f"model.py returns {len(got)} arrays in eval mode, torch {len(expected)}"
-    differences, unset = [], uninitialised_outputs(capture, len(expected))
-    for i, (a, b) in enumerate(zip(expected, got)):
-        if a.shape != b.shape:
-            return f"model.py's output {i} has shape {b.shape} in eval mode, torch's {a.shape}"
-        if i in unset:  # torch.empty: only the shape means anything
-            continue
-        wide = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)  # float64 drops an imaginary part
-        alike = _same_not_finite(wide, b)  # NaN where torch has NaN, the same inf: the op's answer
-        differences.append(float(np.max(np.abs(np.where(alike, 0, wide) - np.where(alike, 0, b)), initial=0.0)))
-        scale = float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0)) if a.dtype != bool else 1.0
-        if not differences[-1] <= FLOAT32_RTOL * max(scale, 1.0):
-            out["float32"] = _finite(max(differences))
-            return f"model.py's output {i} is off by {differences[-1]:.3g} in float32 (max |torch| {scale:.3g})"
-    out["float32"] = max(differences, default=0.0)
-    model.train()
-    trained = [np.asarray(a) for a in jax.tree.leaves(_call(model, inputs))]
-    if len(trained) != len(expected) or any(a.shape != b.shape for a, b in zip(trained, expected)):
-        expected = [None] * len(trained)  # train mode's outputs differ in kind: each must be finite
-    for a, b in zip(trained, expected):
-        if np.issubdtype(a.dtype, np.inexact) and (~np.isfinite(a) & (True if b is None else np.isfinite(b))).any():
-            return "model.py's train-mode output is not finite where torch's eval-mode output is"
-    return ""
-
-
-def _same_not_finite(a, b):
-    """Where a and b are both NaN or the same infinity."""
-    with np.errstate(invalid="ignore"):
-        return (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
-
-
-def _call(model, inputs):
-    """model(*inputs) jitted as a user runs it (nnx.split / merge), its state (running statistics, rng
-    counts) carried back into `model`."""
-    import jax
-    from flax import nnx
-
-    from flaxport.translate.proof import FAST_COMPILE  # compiled once, run once: as the proof compiles
-
-    graphdef, state = nnx.split(model)
-
-    def call(state):
-        m = nnx.merge(graphdef, state)
-        return m(*inputs), nnx.state(m)
-
-    out, state = jax.jit(call, compiler_options=FAST_COMPILE)(state)
-    nnx.update(model, state)
-    return out
+        check = check_written(t, module, directory)
+    if check.float32 is not None or not check.problem:
+        out["float32"] = _finite(check.float32)
+    return check.problem
 
 
 def torch_output(module, args, kwargs):

@@ -1,0 +1,104 @@
+"""The written files run as a user runs them: the proof's last step.
+
+model.py is loaded from its folder with its own `load()` and run jitted, in eval mode against
+torch's float32 outputs (torch's random draws and dropout masks replayed, as the float64 proof
+does), then once in train mode, which must stay finite where torch's output is. What the float64
+proof checks is the translation in memory; this checks the files.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+import math
+import os
+
+import numpy as np
+
+# float32 rounding leaves ~1e-6 of max|torch|; a weight read into the wrong place is off by order 1
+FLOAT32_RTOL = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenCheck:
+    problem: str  # "" when the files run as proved, else one line saying what differs
+    float32: float | None  # the largest |difference| of the eval outputs, where they were compared
+
+
+def check_written(t, module, directory) -> WrittenCheck:
+    """Load `directory`'s model.py (written by t.save) and run it on t's example inputs against the
+    torch module's float32 outputs, in eval mode, then in train mode."""
+    import jax
+    import torch
+
+    from flaxport.translate.proof import (jax_arguments, jax_noise, leaves_like, to_numpy, torch_noise,
+                                         uninitialised_outputs)
+
+    capture = t.plan.captures.get("eval") or next(iter(t.plan.captures.values()))
+    with torch_noise(capture) as (draws, masks), torch.no_grad():
+        torch_out = copy.deepcopy(module).eval()(*t.example_args, **t.example_kwargs)
+    # a Python number torch returns (.item(), a torch.Size) is an array in model.py's output
+    expected = [to_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
+                if torch.is_tensor(a) or isinstance(a, (int, float))]
+    spec = importlib.util.spec_from_file_location("model", os.path.join(directory, "model.py"))
+    model_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model_py)
+    model = model_py.load(str(directory))
+    inputs = jax_arguments(t, None)
+    model.eval()
+    with jax.default_matmul_precision("highest"), jax_noise(draws, masks):
+        got = [np.asarray(a) for a in leaves_like(_call(model, inputs), torch_out)]
+    if len(got) != len(expected):
+        return WrittenCheck(f"model.py returns {len(got)} arrays in eval mode, torch {len(expected)}", None)
+    differences, unset = [], uninitialised_outputs(capture, len(expected))
+    for i, (a, b) in enumerate(zip(expected, got)):
+        if a.shape != b.shape:
+            return WrittenCheck(f"model.py's output {i} has shape {b.shape} in eval mode, torch's {a.shape}", None)
+        if i in unset:  # torch.empty: only the shape means anything
+            continue
+        wide = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)  # float64 drops an imaginary part
+        alike = _same_not_finite(wide, b)  # NaN where torch has NaN, the same inf: the op's answer
+        differences.append(float(np.max(np.abs(np.where(alike, 0, wide) - np.where(alike, 0, b)), initial=0.0)))
+        scale = float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0)) if a.dtype != bool else 1.0
+        if not differences[-1] <= FLOAT32_RTOL * max(scale, 1.0):
+            return WrittenCheck(f"model.py's output {i} is off by {differences[-1]:.3g} in float32 "
+                                f"(max |torch| {scale:.3g})", _finite(max(differences)))
+    float32 = max(differences, default=0.0)
+    model.train()
+    trained = [np.asarray(a) for a in jax.tree.leaves(_call(model, inputs))]
+    if len(trained) != len(expected) or any(a.shape != b.shape for a, b in zip(trained, expected)):
+        expected = [None] * len(trained)  # train mode's outputs differ in kind: each must be finite
+    for a, b in zip(trained, expected):
+        if np.issubdtype(a.dtype, np.inexact) and (~np.isfinite(a) & (True if b is None else np.isfinite(b))).any():
+            return WrittenCheck("model.py's train-mode output is not finite where torch's eval-mode output is",
+                                float32)
+    return WrittenCheck("", float32)
+
+
+def _same_not_finite(a, b):
+    """Where a and b are both NaN or the same infinity."""
+    with np.errstate(invalid="ignore"):
+        return (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+
+
+def _finite(x):
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _call(model, inputs):
+    """model(*inputs) jitted as a user runs it (nnx.split / merge), its state (running statistics, rng
+    counts) carried back into `model`."""
+    import jax
+    from flax import nnx
+
+    from flaxport.translate.proof import FAST_COMPILE  # compiled once, run once: as the proof compiles
+
+    graphdef, state = nnx.split(model)
+
+    def call(state):
+        m = nnx.merge(graphdef, state)
+        return m(*inputs), nnx.state(m)
+
+    out, state = jax.jit(call, compiler_options=FAST_COMPILE)(state)
+    nnx.update(model, state)
+    return out
