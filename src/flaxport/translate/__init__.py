@@ -12,6 +12,9 @@
       .save(directory)             model.py, weights.safetensors, parity.md
   proof.check_train(t, torch_module) -> ParityReport: one train-mode forward against torch
       (dropout off on both sides): outputs, BatchNorm running statistics and counters
+  written.check_written(t, torch_module, directory) -> WrittenCheck: the files t.save(directory)
+      wrote, loaded with model.py's load() and run jitted, in eval mode against torch's float32
+      outputs and in train mode (what `flaxport translate` runs last)
   translate_function(fn, *example_args, **example_kwargs) -> a function on JAX arrays
       (e.g. a loss: translate_function(F.cross_entropy, logits, targets))
   write_train_step(t, torch_module, optimizer, loss) -> TrainStep: train_step.py's source
