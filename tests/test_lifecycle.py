@@ -51,7 +51,7 @@ def run(workdir, pictures, *, resume, seed, epochs, evaluations):
                 state.w = state.w + 1
                 quality, artifacts = log.end(epoch, {"loss": np.array([1.0])}, 0.01, 0.01, evaluate)
                 life.save(epoch + 1, state.state_dict(), 1)
-        quality, artifacts = life.finish(log, evaluate, None, f"toy, epoch {epochs}", quality, artifacts)
+        quality, artifacts = life.finish(log, evaluate, None, "run", quality, artifacts)
         return state, quality, life.start
 
 
@@ -65,7 +65,7 @@ def test_a_run_resumes_where_its_checkpoint_ends_and_says_so_in_its_files(tmp_pa
     assert (start, float(state.w[0])) == (2, 3.0)
     epochs = [json.loads(line)["epoch"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2, 3]
-    assert [label for label, _ in pictures] == ["toy, epoch 2", "toy, epoch 3"]
+    assert [label for label, _ in pictures] == ["toy run, epoch 2", "toy run, epoch 3"]
 
 
 def test_a_finished_run_resumed_trains_nothing_and_still_reports_its_quality(tmp_path):
@@ -73,7 +73,7 @@ def test_a_finished_run_resumed_trains_nothing_and_still_reports_its_quality(tmp
     run(workdir, pictures, resume=False, seed=0, epochs=1, evaluations=evaluations)
     state, quality, start = run(workdir, pictures, resume=True, seed=0, epochs=1, evaluations=evaluations)
     assert (start, quality, evaluations) == (1, {"w": 1.0}, [1.0, 1.0])
-    assert pictures[-1] == ("toy, epoch 1", {"epoch": 1.0})
+    assert pictures[-1] == ("toy run, epoch 1", {"epoch": 1.0})
 
 
 def test_another_runs_checkpoint_is_refused_before_anything_is_written(tmp_path):

@@ -86,8 +86,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 seconds = time.perf_counter() - t0  # the first epoch includes Keras's jit compile
                 quality, artifacts = log.end(epoch, step_metrics, seconds, seconds, evaluate)
                 life.save(epoch + 1, ks.state_dict(), steps)
-        quality, artifacts = life.finish(log, evaluate, data, f"{workload.name} {name}, epoch {max(start, epochs)}",
-                                         quality, artifacts)
+        quality, artifacts = life.finish(log, evaluate, data, name, quality, artifacts)
         settings = {"keras_backend": backend, "keras": keras.__version__, "jit_compile": _jit_compile(ks)}
         return RunResult(name, "keras", log.epoch_seconds, 0.0, quality, log.history, ks, artifacts, settings)
 

@@ -12,7 +12,7 @@ changes the workdir. In the order a loop uses it:
             for epoch in range(run.start, epochs):
                 ...                          # one epoch, then log.end(...)
                 run.save(epoch + 1, state, steps)
-        quality, artifacts = run.finish(log, evaluate, data, label, quality, artifacts)
+        quality, artifacts = run.finish(log, evaluate, data, run_name, quality, artifacts)
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ class Lifecycle:
         self.store = None
         self.meta: dict = {}
         self.start = 0  # epochs done before this run
+        self.epochs_asked = 0  # the epochs the run is to have done (begin)
 
     def __enter__(self):
         return self
@@ -53,10 +54,9 @@ class Lifecycle:
         finally:
             self.held.release()
 
-    def open(self, store):
-        """Keep `store` as the run's checkpoints; returns it."""
+    def open(self, store) -> None:
+        """Keep `store` as the run's checkpoints."""
         self.store = store
-        return store
 
     def restore(self, state, meta: dict):
         """(state, the checkpoint's metadata) of the latest checkpoint where the run resumes, else
@@ -70,6 +70,7 @@ class Lifecycle:
 
     def begin(self, settings: dict, epochs: int) -> None:
         """Every check passed: from here on the run changes its workdir (settings -> config.json)."""
+        self.epochs_asked = epochs
         if self.start < epochs:
             self.held.commit(settings)
             if self.store is not None:
@@ -99,11 +100,12 @@ class Lifecycle:
             self.store.save(epochs_done, state, {**self.meta, "epochs_done": epochs_done, **meta},
                             step=epochs_done * steps)
 
-    def finish(self, log, evaluate, data, label: str, quality: dict, artifacts: dict):
+    def finish(self, log, evaluate, data, run_name: str, quality: dict, artifacts: dict):
         """(quality, artifacts) of the run, evaluated here where no epoch ran (a finished run
-        resumed), and its pictures drawn."""
+        resumed), and its pictures drawn, titled with the workload, run_name and the epochs done."""
         if not log.history:
             quality, artifacts = evaluate()
         if self.write:
+            label = f"{self.workload.name} {run_name}, epoch {max(self.start, self.epochs_asked)}"
             write_pictures(self.workload, self.workdir, data, artifacts, label)
         return quality, artifacts

@@ -85,7 +85,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 return {}, {}
             return workload.evaluate(config, place.local(state), data, rng.at(local_keys["eval"], 0))
 
-        with life.epochs(steps, progress and not quiet) as log:
+        with life.epochs(steps, progress) as log:
             for epoch in range(start, epochs):
                 log.start(epoch, epochs)
                 t0 = time.perf_counter()
@@ -95,8 +95,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 quality, artifacts = log.end(epoch, step_metrics, run_seconds + first.get("compile_seconds", 0.0),
                                              run_seconds, evaluate, **first)
                 life.save(epoch + 1, state, steps)
-        quality, artifacts = life.finish(log, evaluate, data, f"{workload.name} {name}, epoch {max(start, epochs)}",
-                                         quality, artifacts)
+        quality, artifacts = life.finish(log, evaluate, data, name, quality, artifacts)
         settings = {"runner": runner_kind, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
                     "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
                     "devices": place.devices, "processes": place.processes}

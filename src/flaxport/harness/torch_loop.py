@@ -157,8 +157,7 @@ def train(workload, config, *, workdir, seed: int = 0, epochs: int | None = None
                 seconds = time.perf_counter() - t0
                 quality, artifacts = log.end(epoch, step_metrics, seconds, seconds, evaluate)
                 life.save(epoch + 1, ts.state_dict(), steps, threads=torch.get_num_threads())
-        label = f"{workload.name} {options.name}, epoch {max(start, epochs)}"
-        quality, artifacts = life.finish(log, evaluate, data, label, quality, artifacts)
+        quality, artifacts = life.finish(log, evaluate, data, options.name, quality, artifacts)
         settings = {**dataclasses.asdict(options), "threads": torch.get_num_threads(),
                     "channels_last": bool(extra.get("channels_last"))}  # only where the twin applies it
         return RunResult(options.name, "torch", log.epoch_seconds, 0.0, quality, log.history, ts, artifacts, settings)

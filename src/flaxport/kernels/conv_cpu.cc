@@ -90,7 +90,10 @@ void fwd_pixels(const PixelMap& map, int64_t first, int64_t last, const float* w
   float* ys[R];
   int tiled = 0, rims = 0;
   int64_t window[4] = {-1, -1, -1, -1}, count = 0;
-  std::vector<int64_t> taken(positions);
+  // A rim window is read from its first cell in the image, each taken position at its offset
+  // from that cell (`shifted`): no pointer ever points outside x.
+  thread_local std::vector<int64_t> taken, shifted;
+  if (static_cast<int64_t>(taken.size()) < positions) taken.resize(positions), shifted.resize(positions);
   auto flush_tile = [&]() {
     with_size<R + 1>(tiled, [&](auto size) {
       fwd_tile<decltype(size)::value, CB, Partial>(xr, w, yr, off, every, positions, cig, tail);
@@ -99,7 +102,7 @@ void fwd_pixels(const PixelMap& map, int64_t first, int64_t last, const float* w
   };
   auto flush_rim = [&]() {
     with_size<R + 1>(rims, [&](auto size) {
-      fwd_tile<decltype(size)::value, CB, Partial>(xs, w, ys, off, taken.data(), count, cig, tail);
+      fwd_tile<decltype(size)::value, CB, Partial>(xs, w, ys, shifted.data(), taken.data(), count, cig, tail);
     });
     rims = 0;
   };
@@ -119,8 +122,11 @@ void fwd_pixels(const PixelMap& map, int64_t first, int64_t last, const float* w
       count = 0;
       for (int64_t i = taps[0]; i < taps[1]; ++i)
         for (int64_t j = taps[2]; j < taps[3]; ++j) taken[count++] = i * map.kw + j;
+      for (int64_t k = 0; k < count; ++k) shifted[taken[k]] = off[taken[k]] - off[taken[0]];
     }
-    xs[rims] = map.x_at(img, oy, ox), ys[rims] = map.y_at(m);  // read only at the taken offsets
+    // a window wholly in the padding reads nothing (its sum is zero): any cell of x will do
+    xs[rims] = count ? map.x_at(img, oy + taps[0] * map.dh, ox + taps[2] * map.dw) : map.x;
+    ys[rims] = map.y_at(m);
     if (++rims == R) flush_rim();
   }
   if (tiled) flush_tile();

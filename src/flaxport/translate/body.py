@@ -60,7 +60,6 @@ class BodyRenderer:
         self.sizes_asked = sizes_asked  # the sizes calls ask their callers for (sizes.SizesAsked)
         self.added_attributes = added_attributes  # naming.AddedAttributes: dropout modules, rng streams
         self.path = class_path  # the module path this class renders (== frame.path)
-        self.cls_file = src.class_file(type(frame.module))
         self.slots: list = []
         self.helpers: set = set()
         self.problems: list = []
@@ -72,11 +71,10 @@ class BodyRenderer:
         self.lines: list = []
         self.decomposed: set = set()  # ops whose decomposition this body has said it writes
 
-    # ------------------------------------------------------------------ structure
     # ------------------------------------------------------------------ rendering
     def render(self) -> Body:
         inputs, outputs = self._io(self.frame)
-        self.inputs = inputs
+        self.inputs = inputs  # in scope at every line (plan.dtype_reference)
         self.flow = Dataflow(self.plan, self.capture, self.frame, self._io)
         out_set = set(outputs)
         self.current_unit = None
@@ -151,13 +149,14 @@ class BodyRenderer:
             spec = self.plan.specs.get(u0.frame.path) if u0.kind == "call" else None
             if spec is not None and spec.core and targets:
                 for v in values:
-                    access, position = spec.outputs[v.args[1]]
-                    if sum(spec.outputs[w.args[1]][1] == position for w in values) == 1:
+                    position = spec.outputs[v.args[1]][1]
+                    together = sorted(i for i, (_, p) in spec.outputs.items() if p == position)
+                    if len(together) == 1:
                         name = targets[position] if position < len(targets) else None
                     else:  # one of a tuple the layer returns: `out, (h, c) = self.rnn(x)` names it h or c
                         inner = stmt.inner_targets[position] if position < len(stmt.inner_targets) else ()
-                        k = int(access.rsplit("[", 1)[1].rstrip("]")) if access.count("[") == 2 else None
-                        name = inner[k] if k is not None and k < len(inner) else None
+                        k = together.index(v.args[1])
+                        name = inner[k] if k < len(inner) else None
                     if name:
                         wanted[v] = name
             elif targets and len(targets) == len(values):

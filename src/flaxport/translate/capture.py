@@ -259,6 +259,17 @@ def _user_frame(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- capture
+def cast_floating(tree, dtype):
+    """tree with its floating tensors, inside tuples, lists and dicts too (an LSTM's (h, c) state),
+    cast to dtype (None: as it is)."""
+    import torch
+
+    if dtype is None:
+        return tree
+    return torch.utils._pytree.tree_map_only(torch.Tensor, lambda a: a.to(dtype) if a.is_floating_point() else a,
+                                             tree)
+
+
 def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all", reference=None) -> Capture:
     """Export a deep copy of `module` in train or eval mode (cast to `dtype` with its float
     inputs when given) and return the functional, framed Capture. The module is untouched.
@@ -282,9 +293,7 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
                 sub.momentum = 0.1
     if dtype is not None:
         m = m.to(dtype)
-        # the floating tensors inside tuples, lists and dicts too (an LSTM's (h, c) state)
-        args, kwargs = torch.utils._pytree.tree_map_only(
-            torch.Tensor, lambda a: a.to(dtype) if a.is_floating_point() else a, (tuple(args), dict(kwargs)))
+        args, kwargs = cast_floating((tuple(args), dict(kwargs)), dtype)
     started = time.process_time()
     with torch.no_grad():
         program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic,

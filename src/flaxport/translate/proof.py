@@ -33,6 +33,7 @@ from flaxport.port.dropout import DropoutLog, DropoutMismatchError, FlaxMasks, g
 from flaxport.port.parity import ParityReport, Row, compare
 from flaxport.port.report import SENSITIVE
 from flaxport.port.weights import set_torch_mode
+from flaxport.translate.capture import cast_floating
 from flaxport.translate.sensitivity import MARGIN, NUDGE, torch_spread
 
 ATOL = RTOL = 1e-5
@@ -186,8 +187,8 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     plan = t.plan
     capture = plan.f64 if f64 else plan.captures.get("eval") or next(iter(plan.captures.values()))
     dtype = torch.float64 if f64 else None
-    args = [_cast(a, dtype) for a in t.example_args]
-    kwargs = {k: _cast(v, dtype) for k, v in t.example_kwargs.items()}
+    args = [cast_floating(a, dtype) for a in t.example_args]
+    kwargs = {k: cast_floating(v, dtype) for k, v in t.example_kwargs.items()}
     torch_module = set_torch_mode(copy.deepcopy(module), False)
     if f64:
         torch_module = torch_module.double()
@@ -484,7 +485,7 @@ def jax_arguments(t, dtype) -> list:
     def convert(leaf):
         if not torch.is_tensor(leaf):
             return leaf
-        leaf = _cast(leaf, dtype)
+        leaf = cast_floating(leaf, dtype)
         if leaf.dtype == torch.bfloat16:  # NumPy has no bfloat16: through float32, exactly
             return jnp.asarray(leaf.float().numpy()).astype(jnp.bfloat16)
         return jnp.asarray(_np(leaf))
@@ -623,16 +624,6 @@ def _postorder(frame):
     yield frame
 
 
-def _cast(v, dtype):
-    """v with its floating tensors (inside tuples, lists and dicts too) cast to dtype (None: as is)."""
-    import torch
-    from torch.utils import _pytree
-
-    if dtype is None:
-        return v
-    return _pytree.tree_map_only(torch.Tensor, lambda a: a.to(dtype) if a.is_floating_point() else a, v)
-
-
 def _np(v):
     return v.detach().numpy() if hasattr(v, "detach") else np.asarray(v)
 
@@ -677,10 +668,10 @@ def _shape_text(a) -> str:
         return f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}"
     if isinstance(a, dict):
         return "{" + ", ".join(f"{k!r}: {_shape_text(v)}" for k, v in a.items()) + "}"
-    if isinstance(a, (tuple, list)):
-        inner = ", ".join(_shape_text(v) for v in a)
-        return f"({inner},)" if isinstance(a, tuple) and len(a) == 1 else \
-            (f"({inner})" if isinstance(a, tuple) else f"[{inner}]")
+    if isinstance(a, list):
+        return "[" + ", ".join(_shape_text(v) for v in a) + "]"
+    if isinstance(a, tuple):
+        return "(" + ", ".join(_shape_text(v) for v in a) + (",)" if len(a) == 1 else ")")
     return repr(a)
 
 
@@ -697,8 +688,8 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
 
     f64 = precision == "float64"
     dtype = torch.float64 if f64 else None
-    args = [_cast(a, dtype) for a in t.example_args]
-    kwargs = {k: _cast(v, dtype) for k, v in t.example_kwargs.items()}
+    args = [cast_floating(a, dtype) for a in t.example_args]
+    kwargs = {k: cast_floating(v, dtype) for k, v in t.example_kwargs.items()}
     torch_module = set_torch_mode(copy.deepcopy(module), True)
     if f64:
         torch_module = torch_module.double()
