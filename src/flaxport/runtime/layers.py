@@ -162,11 +162,13 @@ class _BatchNorm(nnx.Module):
         return y
 
     def _update_running_stats(self, mean, var, n):
-        self.num_batches_tracked[...] = self.num_batches_tracked[...] + 1
+        # set_value, not `[...] =`: an indexed write asks the traced value for its sharding, which
+        # walks the whole trace so far, and a deep net's train step would trace in quadratic time
+        self.num_batches_tracked.set_value(self.num_batches_tracked[...] + 1)
         m = 1.0 / self.num_batches_tracked[...] if self.momentum is None else self.momentum
         mean, var = lax.stop_gradient(mean), lax.stop_gradient(var)
-        self.running_mean[...] = m * mean + (1 - m) * self.running_mean[...]
-        self.running_var[...] = m * var * (n / max(n - 1, 1)) + (1 - m) * self.running_var[...]
+        self.running_mean.set_value(m * mean + (1 - m) * self.running_mean[...])
+        self.running_var.set_value(m * var * (n / max(n - 1, 1)) + (1 - m) * self.running_var[...])
 
 
 class BatchNorm1d(_BatchNorm):

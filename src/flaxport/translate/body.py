@@ -205,7 +205,8 @@ class BodyRenderer:
     def _emit_unit(self, u):
         if u.kind == "update":
             value = self.value(u.node)
-            self.lines.append(f"{self.plan.attr_of_placeholder(self.path, u.target)}[...] = {value.text}")
+            # set_value, as the runtime's BatchNorm writes its statistics (runtime/layers.py says why)
+            self.lines.append(f"{self.plan.attr_of_placeholder(self.path, u.target)}.set_value({value.text})")
             return
         if all(v in self.flow.inline for v in u.outputs) and u.outputs:
             return

@@ -76,6 +76,7 @@ def prove(t, module, training, source, inputs, targets, steps: int):
         xs_j = [jax.numpy.asarray(x.numpy()) for x in xs64]
         ys_j = [jax.numpy.asarray(y64.numpy())] if loss.has_targets else []
         micro = loop.accumulate
+        replaying = None  # the file's step compiled once with torch's draws as arguments, when it draws
         for s in range(1, steps + 1):
             opt.zero_grad(set_to_none=True)
             drawn = draws.Draws()
@@ -97,8 +98,10 @@ def prove(t, module, training, source, inputs, targets, steps: int):
                 with warnings.catch_warnings():  # a copied optimizer's step is not the one the scheduler wrapped
                     warnings.filterwarnings("ignore", message=".*optimizer.step.*")
                     sched.step()
-            # a forward that draws (randn_like, ...) takes torch's draws: traced afresh each step
-            with jax.disable_jit(bool(drawn.standard)), draws.jax_replay(drawn.standard):
+            if drawn.standard:  # a forward that draws (randn_like, ...) takes torch's draws of this step
+                replaying = replaying or _replaying(train_step)
+                state, j_loss = replaying(state, drawn.standard, *xs_j, *ys_j)
+            else:
                 state, j_loss = train_step(state, *xs_j, *ys_j)
             d, _, ok = compare(t_loss.numpy(), np.asarray(j_loss), ATOL, RTOL)[:3]
             rows.append((s, "loss", d, ok))
@@ -112,6 +115,23 @@ def prove(t, module, training, source, inputs, targets, steps: int):
                 d, _, ok = compare(p.detach().numpy(), got[n], ATOL, RTOL)[:3]
                 rows.append((s, n, d if math.isfinite(d) else math.inf, ok))
     return report, rows
+
+
+def _replaying(train_step):
+    """train_step with the random draws its forward makes as an argument: jax.random's samplers
+    return them while the file's own step function (the one its jax.jit wraps) is traced, so it
+    compiles once and every step takes that step's draws."""
+    import jax
+
+    from flaxport.port import draws
+
+    step = train_step.__wrapped__
+
+    def replayed(state, standard, *batch):
+        with draws.jax_replay(standard):
+            return step(state, *batch)
+
+    return jax.jit(replayed, donate_argnums=0)
 
 
 def _optimizer(ns, model, kwargs):
