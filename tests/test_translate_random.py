@@ -35,7 +35,7 @@ def test_timms_drop_path_becomes_one_class_with_its_probability():
     """x.new_empty(shape).bernoulli_(keep_prob) then div_: a bernoulli draw of the batch's shape;
     the two DropPath instances (keep 0.9, 0.8) share a class taking `p`."""
     module, inputs, t = zoo.translated("convnext")
-    src = t.source[t.source.index("class DropPath"):]
+    src = t.source[t.source.index("class DropPath"):t.source.index("\ndef load(")]
     assert "def __init__(self, p, *, rngs: nnx.Rngs):" in src
     assert "jax.random.bernoulli(self.noise(), self.p, (x.shape[0], 1, 1, 1)).astype(x.dtype) / self.p" in src
     assert "DropPath(0.9, rngs=rngs)" in t.source and "DropPath(0.8, rngs=rngs)" in t.source

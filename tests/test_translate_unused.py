@@ -119,3 +119,38 @@ def test_every_name_the_file_defines_besides_the_models_classes_is_one_a_model_n
             defined |= {n.id for n in node.targets if isinstance(n, ast.Name)}
     assert "flaxport_conv" in defined and "load" in defined
     assert sorted(defined - set(t.class_names) - RESERVED) == []
+
+
+class TrainingBranch(nn.Module):
+    """Branches on self.training: its class needs the runtime's TorchModule as a base."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y * 2 if self.training else y
+
+
+@pytest.mark.parametrize("make", [SmallConvNet, TrainingBranch], ids=["conv-net", "training-branch"])
+def test_the_models_classes_come_first_and_the_copied_runtime_after_a_divider(make):
+    """model.py reads top down as the model: its classes and load(), then the marked runtime
+    section (a base class the classes derive from is the one piece above them)."""
+    import ast
+
+    from flaxport.translate import translate
+    from flaxport.translate.emit import DIVIDER
+
+    torch.manual_seed(0)
+    t = translate(make().train(), torch.randn(2, 3, 8, 8), check=False)
+    head, divider, runtime = t.source.partition(DIVIDER.splitlines()[1])
+    assert divider, "no divider before the runtime pieces"
+    defined = [n.name for n in ast.parse(t.source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    above = [n for n in defined if f"\nclass {n}(" in head or f"\ndef {n}(" in head]
+    bases = {"TorchModule"} if make is TrainingBranch else set()
+    assert set(above) == set(t.class_names) | {"load"} | bases, above
+    assert above[-1] == "load" and above[-2] == t.root_class
+    assert "class Conv2d(" in runtime and "def read_safetensors(" in runtime
+    namespace = {}
+    exec(compile(t.source, "model.py", "exec"), namespace)  # noqa: S102 - the file it wrote, defined in order

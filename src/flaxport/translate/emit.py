@@ -1,4 +1,4 @@
-"""The generated model file: imports, the runtime pieces it uses, the classes, `load()`.
+"""The generated model file: imports, the model's classes, `load()`, then the runtime pieces they use.
 
 The file imports only jax, flax.nnx, numpy and the standard library (and, with the
 default conv="native", flaxport's kernels where flaxport is installed). Runtime layers and
@@ -19,7 +19,12 @@ _MARK = re.compile("\x00(\\d+)\x00")
 
 
 # --------------------------------------------------------------------------- runtime pieces
-def runtime_code(names: set, conv: str = "xla") -> str:
+DIVIDER = """# ------------------------------------------------------------------------------------------
+# torch's numerics as JAX functions and NNX layers (flaxport's runtime, copied): the classes
+# above call them, and this file runs without flaxport installed."""
+
+
+def runtime_needed(names: set, conv: str = "xla") -> list:
     """The runtime definitions `names` need (transitively), in the runtime's own order."""
     sources = runtime.definitions(conv)
     needed, todo = set(), [n for n in names if n in sources]
@@ -29,8 +34,13 @@ def runtime_code(names: set, conv: str = "xla") -> str:
             continue
         needed.add(name)
         todo += [r for r in sources[name][2] if r in sources and r not in needed]
-    picked = sorted(needed, key=lambda n: sources[n][0])
-    return "\n\n\n".join(sources[n][1] for n in picked)
+    return sorted(needed, key=lambda n: sources[n][0])
+
+
+def runtime_code(names, conv: str = "xla") -> str:
+    """The source of runtime definitions `names`, as runtime_needed lists them."""
+    sources = runtime.definitions(conv)
+    return "\n\n\n".join(sources[n][1] for n in names)
 
 
 # --------------------------------------------------------------------------- classes
@@ -130,7 +140,11 @@ def module_source(plan, classes, header: str, conv: str = "xla") -> str:
     body_text = "\n".join(class_texts)
     # What the handlers and layers wrote asked for its pieces as it was written (classes.helpers).
     loader_pieces = {"read_safetensors"} | ({"columns_channels_last"} if plan.flat_weights else set())
-    pieces = runtime_code(set(classes.helpers) | loader_pieces, conv)
+    # a base class is needed where the classes are defined; the rest of the runtime follows them
+    bases = runtime_needed({c.base for c in classes.classes}, conv)
+    base_code = runtime_code(bases, conv)
+    pieces = runtime_code([n for n in runtime_needed(set(classes.helpers) | loader_pieces, conv) if n not in bases],
+                          conv)
     root = classes.classes[-1].name
     set_variable = SET_VARIABLE_COLUMNS if plan.flat_weights else SET_VARIABLE
     loader = LOADER.replace("{root}", root).replace("{set_variable}", set_variable)
@@ -142,7 +156,7 @@ def module_source(plan, classes, header: str, conv: str = "xla") -> str:
         loader = loader.replace("{streams}", "params=0, dropout=seed")
     if plan.flat_weights:
         loader = COLUMNS.format(columns=repr(plan.flat_weights)) + loader
-    code = "\n\n\n".join(part for part in [pieces, *class_texts, loader.strip()] if part)
+    code = "\n\n\n".join(part for part in [base_code, *class_texts, loader.strip(), DIVIDER + "\n\n\n" + pieces] if part)
     imports = _imports(code)
     if calls_native_conv(code):
         imports.append(NATIVE_IMPORT)

@@ -68,7 +68,7 @@ def _function_source(t, name) -> str | None:
     code = [f"def {fname}({', '.join(inst.params)}):",
             f'    """{t.torch_class.__module__}.{name} in JAX (written by flaxport translate)."""']
     code += ["    " + line for line in body]
-    runtime = emit.runtime_code(set(t.classes.helpers))
+    runtime = emit.runtime_code(emit.runtime_needed(set(t.classes.helpers)))
     text = "\n\n\n".join(p for p in [runtime, "\n".join(code)] if p)
     return emit.format_source("\n".join(emit._imports(text)) + "\n\n\n" + emit._strip_runtime_imports(text) + "\n")
 
