@@ -219,6 +219,35 @@ def test_train_step_is_proven_and_runs_without_flaxport_or_torch(tmp_path, capsy
     np.testing.assert_allclose(np.load(tmp_path / "eval.npy"), want, rtol=1e-4, atol=1e-4)
 
 
+def test_the_written_train_step_takes_a_step_and_a_broken_one_is_named(tmp_path):
+    """check_written imports the train_step.py it finds and takes one step from load(): the file as
+    written steps; one whose step crashes (injected) or whose loss is not finite is a problem line."""
+    import importlib.util
+
+    from flaxport.translate import translate
+    from flaxport.translate.train_step import write_train_step
+    from flaxport.translate.written import check_written
+
+    models = tmp_path / "my_models.py"
+    models.write_text(MODELS)
+    spec = importlib.util.spec_from_file_location("user_models_written", models)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    module = mod.net().train()
+    t = translate(module, torch.randn(4, 3, 8, 8))
+    write_train_step(t, module, "torch.optim.SGD(lr=0.1)", "torch.nn.functional.cross_entropy", check=False)
+    t.save(tmp_path / "net")
+    assert check_written(t, module, tmp_path / "net").problem == ""
+    path = tmp_path / "net" / "train_step.py"
+    source = path.read_text()
+    path.write_text(source.replace("    def step(state, x, targets):\n",
+                                   "    def step(state, x, targets):\n        x = x[:, :2]\n"))
+    problem = check_written(t, module, tmp_path / "net").problem
+    assert problem.startswith("train_step.py's first step fails: ") and "\n" not in problem, problem
+    path.write_text(source.replace("return loss, jax.tree.leaves", "return loss * jnp.nan, jax.tree.leaves"))
+    assert check_written(t, module, tmp_path / "net").problem == "train_step.py's first step gives a loss of nan"
+
+
 # --------------------------------------------------------------------------- translate + check_step
 def _bert_loss(outputs, targets):
     """A regression head's loss on BertModel's (last_hidden_state, pooler_output)."""

@@ -53,6 +53,7 @@ class TrainStep:
     steps: int = STEPS
     bf16: object = None  # training.bf16.BF16Check, for precision="bf16"
     script: str = ""  # train.py
+    targets: object = None  # the example batch's targets (torch), None for a loss that reads the outputs only
 
     @property
     def files(self) -> dict:
@@ -180,7 +181,8 @@ def write_train_step(t, module, optimizer, loss, batch=None, check: bool = True,
     key = plan.optimizer.name.lower()
     script = train_script_source(t.root_class, plan.optimizer.name, MOMENTS[key], SCALARS.get(key, {}), input_names,
                                  loss.has_targets, precision == "bf16")
-    step = TrainStep(source, None, [], plan.describe(), f"F.{loss.name}", steps, script=script)
+    step = TrainStep(source, None, [], plan.describe(), f"F.{loss.name}", steps, script=script,
+                     targets=targets if loss.has_targets else None)
     if check:
         step.report, step.rows = proof.prove(t, module, plan, source, inputs, targets, steps)
         if precision == "bf16":

@@ -2,7 +2,8 @@
 
 model.py is loaded from its folder with its own `load()` and run jitted, in eval mode against
 torch's float32 outputs (torch's random draws and dropout masks replayed, as the float64 proof
-does), then once in train mode, which must stay finite where torch's output is. What the float64
+does), then once in train mode, which must stay finite where torch's output is; where
+train_step.py was written, it takes one step from load() with a finite loss. What the float64
 proof checks is the translation in memory; this checks the files.
 """
 from __future__ import annotations
@@ -72,7 +73,29 @@ def check_written(t, module, directory) -> WrittenCheck:
         if np.issubdtype(a.dtype, np.inexact) and (~np.isfinite(a) & (True if b is None else np.isfinite(b))).any():
             return WrittenCheck("model.py's train-mode output is not finite where torch's eval-mode output is",
                                 float32)
+    if getattr(t, "train_step", None) is not None and os.path.exists(os.path.join(directory, "train_step.py")):
+        return WrittenCheck(_first_step(t, model_py, directory), float32)
     return WrittenCheck("", float32)
+
+
+def _first_step(t, model_py, directory) -> str:
+    """train_step.py, imported from `directory`, takes one step from model.py's load() on the example
+    batch as its docstring shows a user: "" when it runs and its loss is finite, else what happened."""
+    from flaxport.errors import first_line
+
+    spec = importlib.util.spec_from_file_location("train_step", os.path.join(directory, "train_step.py"))
+    train_step_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_step_py)
+    targets = t.train_step.targets
+    batch = [np.asarray(x.detach().numpy()) for x in t.call_arguments]
+    batch += [] if targets is None else [np.asarray(targets.detach().numpy())]
+    try:
+        train_step, state, _ = train_step_py.make_train_step(model_py.load(str(directory)))
+        _, loss = train_step(state, *batch)
+        loss = float(np.asarray(loss))
+    except Exception as e:  # noqa: BLE001 - what the user would meet on the first call, in one line
+        return f"train_step.py's first step fails: {type(e).__name__}: {first_line(e)}"
+    return "" if math.isfinite(loss) else f"train_step.py's first step gives a loss of {loss}"
 
 
 def _same_not_finite(a, b):
