@@ -187,11 +187,38 @@ RECORDS = [
 
 
 def test_the_tables_count_each_case_as_far_as_it_got():
-    assert table.counts(RECORDS) == {"cases": 5, "built": 4, "captured": 3, "translated": 2, "proved": 1, "peer": 1}
+    assert table.counts(RECORDS) == {"cases": 5, "built": 4, "captured": 3, "translated": 2, "proved": 1,
+                                     "eval_proved": 1, "peer": 1}
     assert table.summary({"hf": RECORDS}, "torchax") == (
-        "| source | cases | built | captured (torch.export) | translated | proved | proved, of captured | torchax |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|\n"
-        "| hf | 5 | 4 | 3 | 2 | 1 | 33% | 1 |\n")
+        "| source | cases | built | captured (torch.export) | translated | proved | proved, of captured "
+        "| proved in eval mode, of captured | torchax |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| hf | 5 | 4 | 3 | 2 | 1 | 33% | 33% (1) | 1 |\n")
+
+
+def test_a_model_whose_train_mode_alone_fails_counts_as_proved_in_eval_mode():
+    """The float64 proof and the written files held, the train-mode check did not (LayerDrop's
+    branch on a random draw): proved in eval mode, not proved. A files failure beside it, or a
+    record that does not say which checks failed, is not."""
+    train_only = {**RECORDS[1], "name": "m2m", "step": "train", "failed": ["train"]}
+    files_too = {**train_only, "name": "detr", "failed": ["train", "files"]}
+    unsaid = {k: v for k, v in train_only.items() if k != "failed"}
+    records = [RECORDS[0], train_only, files_too, unsaid]
+    assert [table.proved_in_eval_mode(r) for r in records] == [True, True, False, False]
+    counts = table.counts(records)
+    assert (counts["proved"], counts["eval_proved"]) == (1, 2)
+    assert table.summary({"hf": records}).splitlines()[2] == "| hf | 4 | 4 | 4 | 4 | 1 | 25% | 50% (2) |"
+
+
+def test_a_case_says_which_checks_failed_over_all_its_samples():
+    from flaxport.bench.coverage.case import summarize
+
+    sample = {"model": "M", "parameters": 1, "export": True, "translated": True, "proof": False, "float32": None,
+              "lines": 10, "step": "train", "reason": "train mode could not be captured", "failed": ["train"]}
+    other = {**sample, "step": "proof", "reason": "float64 proof fails", "failed": ["proof", "train"]}
+    assert summarize([sample])["failed"] == ["train"]
+    assert summarize([sample, other])["failed"] == ["proof", "train"]
+    assert "failed" not in summarize([{k: v for k, v in sample.items() if k != "failed"}])
 
 
 def test_the_case_table_has_a_row_per_case_with_its_figures_and_reason():

@@ -33,6 +33,7 @@ from pathlib import Path
 from flaxport.bench.coverage import one_line
 
 SETTLE_FORWARDS = 3
+CHECKS = ("proof", "train", "files")  # what runs on a translation, in order (check_sample)
 
 
 def module_name(source: str) -> str:
@@ -80,7 +81,8 @@ def main(argv=None) -> int:
 def check_sample(module, args: tuple, kwargs: dict, out: dict, progress, speed: bool = False) -> dict:
     """Fill `out` with one sample's steps: model, parameters, export, translated, proof, float64,
     float32 (largest |torch - model.py| over the outputs), lines, seconds (per step), step (the first
-    that failed, or "" when proved) and reason (its one line); with `speed`, a proved sample's
+    that failed, or "" when proved) and reason (its one line), failed (every check of CHECKS that
+    failed, once translated: ["train"] alone is a model proved in eval mode); with `speed`, a proved sample's
     "speed" too (see _speed). -> out"""
     out.update(model=_label(module), parameters=int(sum(p.numel() for p in module.parameters())),
                export=None, translated=False, proof=False, float64=None, float32=None, lines=None, step="", reason="")
@@ -123,6 +125,7 @@ def check_sample(module, args: tuple, kwargs: dict, out: dict, progress, speed: 
         if reason:
             failed.append((step, reason))
     out["proof"] = not failed
+    out["failed"] = [step for step, _ in failed]  # every check that failed (a model proved in eval mode only)
     if failed:
         out["step"], out["reason"] = failed[0]
     elif speed:
@@ -240,6 +243,8 @@ def summarize(samples: list) -> dict:
            "proof": all(s["proof"] for s in samples), "float32": max(figures) if figures else None,
            "lines": max((s["lines"] for s in samples if s["lines"]), default=None),
            "step": first["step"] if first else "", "reason": reason}
+    if out["translated"] and all("failed" in s for s in samples):
+        out["failed"] = [step for step in CHECKS if any(step in s["failed"] for s in samples)]
     peers = [s.get("peer") for s in samples if s.get("peer")]
     if peers:
         out["peer"] = {"name": peers[0]["name"], "ok": all(p["ok"] for p in peers),
