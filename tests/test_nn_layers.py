@@ -153,3 +153,29 @@ def test_one_copy_of_torchs_numerics():
     for module, words in written_here.items():
         source = inspect.getsource(module)
         assert not [w for w in words if w in source], f"{module.__name__} computes what flaxport.runtime does"
+
+
+@pytest.mark.parametrize("dims, c, o, groups, k, stride, padding, dilation", [
+    (2, 8, 8, 8, 3, 1, 1, 1), (2, 8, 16, 8, 5, 2, 2, 1), (2, 12, 6, 3, 3, 2, 0, 2), (1, 6, 6, 6, 4, 3, 1, 1),
+    (3, 4, 8, 2, 3, 1, 1, 1), (2, 6, 6, 6, 3, (2, 1), (1, 0), (1, 2))])
+def test_a_grouped_float64_convolution_by_taps_is_torchs_with_its_gradients(dims, c, o, groups, k, stride, padding,
+                                                                           dilation):
+    """The runtime's grouped float64 convolution on a CPU (a sum over the kernel's taps: XLA would
+    expand it to a dense kernel of (O, C, *K)) against torch in double, values and both gradients."""
+    from flaxport.runtime.functions import conv
+
+    torch.manual_seed(0)
+    x = torch.randn(2, c, *([9] * dims), dtype=torch.float64, requires_grad=True)
+    w = torch.randn(o, c // groups, *([k] * dims), dtype=torch.float64, requires_grad=True)
+    f = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[dims - 1]
+    want = f(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    cotangent = torch.randn_like(want)
+    want.backward(cotangent)
+    with jax.enable_x64(True):
+        got, vjp = jax.vjp(lambda a, b: conv(a, b, stride=stride, padding=padding, dilation=dilation, groups=groups),
+                           jnp.asarray(x.detach().numpy()), jnp.asarray(w.detach().numpy()))
+        grad_x, grad_w = vjp(jnp.asarray(cotangent.numpy()))
+        assert got.dtype == jnp.float64
+    np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(grad_x), x.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(grad_w), w.grad.numpy(), rtol=1e-12, atol=1e-12)

@@ -206,7 +206,7 @@ def test_generated_file_imports_only_jax_flax_numpy_and_the_standard_library():
                     and any(isinstance(h.type, ast.Name) and h.type.id == "ImportError" for h in n.handlers)]
         inside = {id(n) for t in optional for b in t.body for n in ast.walk(b)}
         required = _import_roots(n for n in ast.walk(tree) if id(n) not in inside)
-        assert required <= {"jax", "flax", "numpy", "functools", "json", "math", "os"}, required
+        assert required <= {"jax", "flax", "numpy", "functools", "itertools", "json", "math", "os"}, required
         assert _import_roots(n for t in optional for b in t.body for n in ast.walk(b)) <= {"flaxport"}
 
 

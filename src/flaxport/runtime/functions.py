@@ -58,10 +58,37 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, channe
 
 def _convolution(x, weight, stride, padding, dilation, groups):
     """XLA's convolution: x (N, *S, C), weight (O, C/groups, *K), padding [(low, high)] per axis -> (N, *S', O)."""
+    return _xla_convolution(x, weight, stride, padding, dilation, groups)
+
+
+def _xla_convolution(x, weight, stride, padding, dilation, groups):
+    """x (N, *S, C), weight (O, C/groups, *K), padding [(low, high)] per axis -> (N, *S', O)."""
+    if groups > 1 and x.dtype == jnp.float64 and jax.default_backend() == "cpu":
+        # XLA:CPU runs a grouped float64 convolution as a dense one with a (O, C, *K) kernel: for
+        # 1,536 depthwise channels of 5x5 that is half a GB, and a model holds many such layers
+        return _grouped_by_taps(x, weight, stride, padding, dilation, groups)
     n = weight.ndim - 2
     spatial = "DHW"[-n:]
     return lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
                                     dimension_numbers=("N" + spatial + "C", "OI" + spatial, "N" + spatial + "C"))
+
+
+def _grouped_by_taps(x, weight, stride, padding, dilation, groups):
+    """A grouped convolution as a sum over the kernel's taps of a strided window of x times that
+    tap's weights, group by group (a batched matmul): x (N, *S, C) -> (N, *S', O)."""
+    n = weight.ndim - 2
+    o, per_group, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
+    x = jnp.pad(x, [(0, 0), *padding, (0, 0)])
+    out_sizes = [(x.shape[1 + i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(n)]
+    w = weight.reshape((groups, o // groups, per_group) + kernel)
+    y = 0
+    for tap in itertools.product(*[range(k) for k in kernel]):
+        start = [0] + [t * d for t, d in zip(tap, dilation)] + [0]
+        limit = [x.shape[0]] + [b + (m - 1) * s + 1 for b, m, s in zip(start[1:], out_sizes, stride)] + [x.shape[-1]]
+        window = lax.slice(x, start, limit, [1, *stride, 1])
+        window = window.reshape(window.shape[:-1] + (groups, per_group))
+        y = y + jnp.einsum("...gc,goc->...go", window, w[(...,) + tap], precision=lax.Precision.HIGHEST)
+    return y.reshape(y.shape[:-2] + (o,))
 
 
 def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1,

@@ -6,10 +6,9 @@ the convolutions it can run, and XLA's convolution for the rest, and where flaxp
 installed: the file still runs on jax, flax and numpy alone. Both compute torch's sums;
 float32 rounding differs at the 1e-6 relative level.
 """
-from jax import lax
-
 # The generated file writes this import in a try block: without flaxport, flaxport_conv is None.
 from flaxport.kernels import conv as flaxport_conv
+from flaxport.runtime.functions import _xla_convolution
 
 
 def _convolution(x, weight, stride, padding, dilation, groups):
@@ -20,7 +19,4 @@ def _convolution(x, weight, stride, padding, dilation, groups):
     """
     if flaxport_conv is not None and flaxport_conv.runs(x, weight, stride, padding, dilation, groups):
         return flaxport_conv.convolution(x, weight, stride, padding, dilation, groups)
-    n = weight.ndim - 2
-    spatial = "DHW"[-n:]
-    return lax.conv_general_dilated(x, weight, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
-                                    dimension_numbers=("N" + spatial + "C", "OI" + spatial, "N" + spatial + "C"))
+    return _xla_convolution(x, weight, stride, padding, dilation, groups)
