@@ -324,3 +324,41 @@ def test_written_files_that_do_not_run_as_proved_exit_1(models, tmp_path, capsys
     assert code == 1 and "parity (float64, eval mode): OK" in out
     assert len(err.strip().splitlines()) == 1
     assert "the written files do not run as proved: model.py's output 0 is off by" in err
+
+
+@pytest.mark.parametrize("dtypes, passes", [("jnp.float32,", True), ("jnp.float32, jnp.float64", False)],
+                         ids=["float32-only", "both-dtypes"])
+def test_float32_outputs_off_pass_only_where_the_files_agree_in_float64(models, tmp_path, dtypes, passes):
+    """Fault injected into the written model.py: its output shifted by 1 in float32 only (what a
+    model amplifying rounding looks like: a top-k reordered, a deep ReLU6 stack) passes with a note,
+    since the same files in float64 agree with torch; shifted in float64 too, it fails."""
+    import importlib.util
+
+    from flaxport.translate import translate
+    from flaxport.translate.written import check_written
+
+    spec = importlib.util.spec_from_file_location("user_models_float64", models)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    module = mod.net().eval()
+    t = translate(module, torch.randn(2, 3, 16, 16))
+    t.save(tmp_path / "o")
+    path = tmp_path / "o" / "model.py"
+    path.write_text(path.read_text() + textwrap.dedent(f"""
+
+        _forward = {t.root_class}.__call__
+
+
+        def _shifted(self, x):
+            out = _forward(self, x)
+            return out + 1.0 if out.dtype in ({dtypes}) else out
+
+
+        {t.root_class}.__call__ = _shifted
+        """))
+    check = check_written(t, module, tmp_path / "o")
+    if passes:
+        assert check.problem == "" and check.note.startswith("model.py's output 0 is off by 1 in float32"), check
+        assert "in float64 the files agree with torch within" in check.note
+    else:
+        assert check.problem.startswith("model.py's output 0 is off by 1 in float32"), check

@@ -160,6 +160,8 @@ def run(args) -> int:
         print(f"flaxport: the written files do not run as proved: {written_check.problem} ({out / 'model.py'})",
               file=sys.stderr)
         return 1
+    if written_check.note:
+        print(f"note: {written_check.note}")
     stepped = "; train_step.py took a step, loss finite" if getattr(t, "train_step", None) is not None else ""
     print(f"ran {out / 'model.py'} with its load(): eval mode within {written_check.float32:.2g} of torch "
           f"(float32), train mode finite{stepped}")
