@@ -44,9 +44,7 @@ def check_written(t, module, directory) -> WrittenCheck:
     # a Python number torch returns (.item(), a torch.Size) is an array in model.py's output
     expected = [to_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
                 if torch.is_tensor(a) or isinstance(a, (int, float))]
-    spec = importlib.util.spec_from_file_location("model", os.path.join(directory, "model.py"))
-    model_py = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(model_py)
+    model_py = _import(directory, "model")
     model = model_py.load(str(directory))
     inputs = jax_arguments(t, None)
     model.eval()
@@ -139,9 +137,7 @@ def _first_step(t, model_py, directory) -> str:
     batch as its docstring shows a user: "" when it runs and its loss is finite, else what happened."""
     from flaxport.errors import first_line
 
-    spec = importlib.util.spec_from_file_location("train_step", os.path.join(directory, "train_step.py"))
-    train_step_py = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_step_py)
+    train_step_py = _import(directory, "train_step")
     targets = t.train_step.targets
     batch = [np.asarray(x.detach().numpy()) for x in t.call_arguments]
     batch += [] if targets is None else [np.asarray(targets.detach().numpy())]
@@ -152,6 +148,14 @@ def _first_step(t, model_py, directory) -> str:
     except Exception as e:  # noqa: BLE001 - what the user would meet on the first call, in one line
         return f"train_step.py's first step fails: {type(e).__name__}: {first_line(e)}"
     return "" if math.isfinite(loss) else f"train_step.py's first step gives a loss of {loss}"
+
+
+def _import(directory, name):
+    """The module `name`.py written in `directory`, imported as a user's script imports it."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(directory, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _same_not_finite(a, b):
