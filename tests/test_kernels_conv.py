@@ -46,6 +46,10 @@ CASES = [
     ("depthwise 7x7, 35", 2, (12, 12), 35, 35, (7, 7), (1, 1), (3, 3), (1, 1), 35),
     ("depthwise 3x3/2x1 dilated", 2, (9, 9), 17, 17, (3, 3), (2, 1), (2, 1), (2, 1), 17),
     ("depthwise multiplier 2", 2, (6, 6), 8, 16, (3, 3), (1, 1), (1, 1), (1, 1), 8),
+    ("3x3, 24 out, two partial sums", 4, (24, 24), 8, 24, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ("window the whole input (VGG's head)", 2, (7, 7), 32, 40, (7, 7), (1, 1), (0, 0), (1, 1), 1),
+    ("1x1 on a 1x1 map", 3, (1, 1), 24, 40, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    ("whole 5x3 window, stride 2", 2, (5, 3), 8, 12, (5, 3), (2, 2), (0, 0), (1, 1), 1),
 ]
 
 
@@ -99,6 +103,22 @@ def test_values_and_both_gradients_match_torch(case):
                          ids=lambda c: c[0])
 def test_one_dimensional_convolutions_match_torch(case):
     _check(case, one_d=True)
+
+
+def test_a_window_over_the_whole_input_is_a_matrix_product_and_others_stay_on_the_kernels():
+    """The whole-window case is XLA's dot on the weights as they lie (no pack, no FFI call);
+    padding, groups or a smaller window keep the kernels."""
+    x, w = jnp.ones((2, 7, 7, 8), jnp.float32), jnp.ones((4, 8, 7, 7), jnp.float32)
+
+    def calls(x, w, padding=((0, 0), (0, 0)), groups=1):
+        def loss(x, w):
+            return convolution(x, w, (1, 1), padding, (1, 1), groups).sum()
+        return str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w))
+
+    assert "ffi_call" not in calls(x, w) and "dot_general" in calls(x, w)
+    assert "ffi_call" in calls(x, w, padding=((1, 1), (1, 1)))
+    assert "ffi_call" in calls(x, jnp.ones((4, 4, 7, 7), jnp.float32), groups=2)
+    assert "ffi_call" in calls(jnp.ones((2, 9, 9, 8), jnp.float32), w)
 
 
 def test_an_empty_batch_gives_empty_outputs_and_zero_weight_gradients():

@@ -888,6 +888,47 @@ def test_tiling_max_pool_sends_the_gradient_to_each_windows_first_maximum_as_tor
     np.testing.assert_array_equal(np.asarray(grad), x.grad.numpy())
 
 
+OVERLAPPING = [((2, 3, 9, 8), (3, 3), (2, 2), (1, 1), (1, 1), False),  # ResNet's stem pool
+               ((2, 3, 9, 8), (3, 3), (2, 2), (1, 1), (1, 1), True),
+               ((1, 2, 11, 10), (3, 2), (1, 2), (1, 0), (2, 1), False),
+               ((2, 3, 13), (3,), (2,), (1,), (1,), True),
+               ((1, 2, 5, 6, 7), (3, 3, 3), (2, 1, 2), (1, 1, 0), (1, 1, 1), False)]
+
+
+@pytest.mark.parametrize("values", ["ties", "nan", "minus_inf"])
+@pytest.mark.parametrize("case", OVERLAPPING, ids=lambda c: f"{len(c[1])}d-k{c[1]}-s{c[2]}-d{c[4]}-ceil{c[5]}")
+def test_overlapping_max_pool_sends_the_gradient_where_torch_does(case, values):
+    """Windows that overlap (stride below the kernel), with ties, NaNs and all -inf windows:
+    torch's gradient goes to each window's first maximum, to its last NaN, and in an all -inf
+    window to its first cell inside the image (never the padding)."""
+    import jax
+    import jax.numpy as jnp
+
+    from flaxport.runtime.functions import max_pool
+
+    shape, kernel, stride, padding, dilation, ceil_mode = case
+    rng = np.random.default_rng(len(shape) + len(values))
+    x = rng.integers(-2, 3, shape).astype(np.float32)
+    if values == "nan":
+        x.flat[rng.integers(0, x.size, 6)] = np.nan
+    if values == "minus_inf":
+        x[..., :3] = -np.inf
+        x[0] = -np.inf
+    pool = {1: torch.nn.functional.max_pool1d, 2: torch.nn.functional.max_pool2d,
+            3: torch.nn.functional.max_pool3d}[len(kernel)]
+    xt = torch.tensor(x, requires_grad=True)
+    yt = pool(xt, kernel, stride, padding, dilation, ceil_mode)
+    weights = torch.tensor(rng.standard_normal(yt.shape).astype(np.float32))
+    (yt * weights).sum().backward()
+
+    def loss(v):
+        return jnp.sum(max_pool(v, kernel, stride, padding, dilation, ceil_mode) * weights.numpy())
+
+    np.testing.assert_array_equal(np.asarray(max_pool(jnp.asarray(x), kernel, stride, padding, dilation, ceil_mode)),
+                                  yt.detach().numpy())
+    np.testing.assert_allclose(np.asarray(jax.grad(loss)(jnp.asarray(x))), xt.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_every_core_aten_overload_has_a_handler():
     """torch's core opset (torch.Tag.core) is in the table, less the backward ops (a train step
     differentiates the forward in JAX, so an exported forward never holds them) and out= overloads;

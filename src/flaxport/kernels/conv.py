@@ -1,9 +1,9 @@
 """Convolutions on flaxport's native CPU kernels: torch's conv1d/conv2d in channels-last.
 
 `convolution` takes torch's arguments (the weight in torch's layout) and picks the kernel:
-a depthwise convolution (groups = input = output channels) runs on the depthwise kernel,
-every other 1-D or 2-D one (any stride, dilation, padding, kernel size and group count) on
-the dense one. `runs` says whether it can here: on a CPU, in float32, with the kernels
+a depthwise convolution (groups = input = output channels) runs on the depthwise kernel, one
+whose window is its whole input is XLA's matrix product, every other 1-D or 2-D one (any
+stride, dilation, padding, kernel size and group count) on the dense kernel. `runs` says whether it can here: on a CPU, in float32, with the kernels
 built. Generated model files (`translate`) call both; the workloads call `native_conv2d`.
 """
 from __future__ import annotations
@@ -34,9 +34,23 @@ def convolution(x, weight, stride, padding, dilation, groups):
         return y[:, 0]
     stride, dilation, pads = tuple(stride), tuple(dilation), tuple(tuple(p) for p in padding)
     out_channels, group_in, kh, kw = weight.shape
+    if groups == 1 and set(dilation) == {1} and pads == ((0, 0), (0, 0)) and x.shape[1:3] == (kh, kw):
+        return _whole_window(x, weight)
     if groups == x.shape[-1] == out_channels and group_in == 1:
         return depthwise(x, weight[:, 0].transpose(1, 2, 0), pads, stride, dilation)  # (kh, kw, C)
     return dense(x, weight, pads, stride, dilation, groups, OIHW)
+
+
+def _whole_window(x, weight):
+    """x (N, kh, kw, C), weight (O, C, kh, kw) -> (N, 1, 1, O): a convolution whose one window is
+    the whole unpadded input (VGG's 7x7 classifier on a 7x7 map, a 1x1 convolution of a 1x1
+    map) is a matrix product. As XLA's dot it reads the weights where they lie: packing them
+    for the kernels costs more than the product (timm VGG-11's 411 MB head: its pack, swapped
+    pack and weight gradient took 350 of the 640 ms of a train step at 64x64)."""
+    n, out_channels = x.shape[0], weight.shape[0]
+    rows = x.transpose(0, 3, 1, 2).reshape(n, -1)  # (N, C*kh*kw), the order of a weight row
+    y = jax.lax.dot_general(rows, weight.reshape(out_channels, -1), (((1,), (1,)), ((), ())))
+    return y.reshape(n, 1, 1, out_channels)
 
 
 def supported(x_shape, kernel_shape, stride: int, padding: int, *dtypes) -> bool:

@@ -304,17 +304,26 @@ ffi::Error ConvDw(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
       }
     });
   });
-  // The partials added in order, out of the blocks into the caller's layout.
+  // The partials added in order, out of the blocks into the caller's layout, 16 output
+  // channels at a time in the order of torch's rows (channel, then kernel position): each
+  // of the 16 rows is written front to back. Walking the blocks' order instead wrote OIHW
+  // with a stride of a whole row (Cin*kh*kw floats): a TLB miss per element, 5x the sums'
+  // own time for ResNet's 512-channel convolutions on a 2x2 map.
   parallel_for(pool, s.groups * s.blocks, [&](int64_t gb) {
     const int64_t g = gb / s.blocks, q0 = (gb % s.blocks) * width, outs = std::min(width, cog - q0);
     const float* in = partial.data() + gb * block_size;
-    for (int64_t t = 0; t < taps; ++t, in += width) {
-      const int64_t p = t / s.cig, c = t % s.cig, r = p / s.kw, col = p % s.kw;
-      for (int64_t l = 0; l < outs; ++l) {
-        float sum = in[l];
-        for (int64_t part = 1; part < chunks.groups; ++part) sum += in[part * size + l];
-        out[lw.at(g * cog + q0 + l, c, r, col)] = sum;
-      }
+    for (int64_t l0 = 0; l0 < outs; l0 += kLanes) {
+      const int64_t lanes = std::min<int64_t>(kLanes, outs - l0);
+      for (int64_t c = 0; c < s.cig; ++c)
+        for (int64_t p = 0; p < positions; ++p) {
+          const float* src = in + (p * s.cig + c) * width + l0;
+          const int64_t r = p / s.kw, col = p % s.kw;
+          for (int64_t l = 0; l < lanes; ++l) {
+            float sum = src[l];
+            for (int64_t part = 1; part < chunks.groups; ++part) sum += src[part * size + l];
+            out[lw.at(g * cog + q0 + l0 + l, c, r, col)] = sum;
+          }
+        }
     }
   });
   return ffi::Error::Success();
