@@ -6,7 +6,8 @@ gradient through each route a translated file can take: flaxport's kernels
 (`flaxport.kernels.conv.convolution`), XLA's own convolution (YNNPACK where it takes it,
 else Eigen), and, for reference, torch's oneDNN (channels-last, the faster layout there).
 All in one process with the same threads, interleaved rounds (each in a shuffled order),
-medians; GFLOP/s count
+each route timed over ~20 ms of calls after ~10 ms untimed (`convnets.warm`), medians;
+GFLOP/s count
 2 x the multiply-adds, the same figure for every route.
 """
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _torch_route(case, threads):
 
 
 def run(args) -> dict:
-    from flaxport.bench.convnets import jax_threads, pin_jax_threads
+    from flaxport.bench.convnets import jax_threads, pin_jax_threads, warm
     from flaxport.harness.cpu import tune_allocator
 
     tune_allocator()
@@ -127,22 +128,23 @@ def run(args) -> dict:
             for part, (fn, fargs) in parts.items():
                 call = (lambda fn=fn, fargs=fargs: jax.block_until_ready(fn(*fargs)))
                 call()
+                t0 = time.perf_counter()
                 call()
-                calls[(route, part)] = call
+                calls[(route, part)] = (call, max(1, round(0.02 / max(time.perf_counter() - t0, 1e-6))))
         wall = {key: [] for key in calls}
         cpu = {key: [] for key in calls}
         shuffle = random.Random(0).shuffle
         order = list(calls)
         for _ in range(args.rounds):
-            # Each round in another order (the same for every run): a call timed right after one
-            # of torch's, whose OpenMP threads may still spin on the cores, is not always the same.
-            shuffle(order)
+            shuffle(order)  # each round in another order (the same for every run)
             for key in order:
-                call = calls[key]
+                call, repeat = calls[key]
+                warm(call)  # not in the wake of the last route's threads
                 t0, c0 = time.perf_counter(), time.process_time()
-                call()
-                wall[key].append(time.perf_counter() - t0)
-                cpu[key].append(time.process_time() - c0)
+                for _ in range(repeat):
+                    call()
+                wall[key].append((time.perf_counter() - t0) / repeat)
+                cpu[key].append((time.process_time() - c0) / repeat)
         row = {"class": name, "gflop": round(gflop, 4), "gflops": {}, "cpu_gflops": {}}
         for (route, part) in calls:
             row["gflops"].setdefault(route, {})[part] = round(gflop / statistics.median(wall[(route, part)]), 1)

@@ -149,8 +149,10 @@ def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False
         # Windows that tile the input: pick each window's first maximum, whose gradient is a
         # select (reduce_window's is a select_and_scatter, slow on XLA:CPU).
         return _tiled_max_pool(jnp.pad(x, _window(x, axes, pads, (0, 0)), constant_values=lowest), tuple(kernel_size))
-    pool = _window_max_pool if jnp.issubdtype(x.dtype, jnp.floating) else _window_max  # (integers: no gradient)
-    return pool(x, tuple(kernel_size), tuple(stride), tuple(map(tuple, pads)), tuple(dilation))
+    window = (tuple(kernel_size), tuple(stride), tuple(map(tuple, pads)), tuple(dilation))
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return _window_max(x, *window)  # no gradient
+    return _window_max_pool(x, *window)
 
 
 def _window_max(x, kernel_size, stride, pads, dilation):
@@ -169,26 +171,24 @@ def _window_max_pool_forward(x, kernel_size, stride, pads, dilation):
 def _window_max_pool_backward(kernel_size, stride, pads, dilation, residuals, dy):
     x, y = residuals
     padded = jnp.pad(x, [(0, 0), *pads, (0, 0)], constant_values=-np.inf)
-    # torch starts each window at its first cell in the image and moves on to a greater value
-    # or a NaN: an all -inf window's gradient goes to its first cell in the image (never to the
-    # padding), a window holding NaNs' to its last NaN.
     image = np.pad(np.ones(x.shape[1:-1], bool), pads)[None, ..., None]
-    taps = list(itertools.product(*(range(k) for k in kernel_size)))
-    taken, nan_taken = jnp.zeros(y.shape, bool), jnp.zeros(y.shape, bool)
-    dx = jnp.zeros(padded.shape, dy.dtype)
-    for order, tap in [*((0, t) for t in taps), *((1, t) for t in reversed(taps))]:
+    places = []  # per kernel tap: where its cells start and end in `padded`
+    for tap in itertools.product(*(range(k) for k in kernel_size)):
         starts = [t * d for t, d in zip(tap, dilation)]
-        limits = [a + (o - 1) * s + 1 for a, o, s in zip(starts, y.shape[1:-1], stride)]
-        cells = lax.slice(padded, (0, *starts, 0), (y.shape[0], *limits, y.shape[-1]), (1, *stride, 1))
-        in_image = image[(slice(None), *map(slice, starts, limits, stride), slice(None))]
-        if order == 0:
-            chosen = (cells == y) & in_image & ~taken
-            taken = taken | chosen
-        else:
-            chosen = jnp.isnan(cells) & ~nan_taken
-            nan_taken = nan_taken | chosen
-        spread = [(a, size - b, s - 1) for a, b, size, s in zip(starts, limits, padded.shape[1:-1], stride)]
-        dx = dx + lax.pad(jnp.where(chosen, dy, 0), np.array(0, dy.dtype), [(0, 0, 0), *spread, (0, 0, 0)])
+        places.append((starts, [a + (o - 1) * s + 1 for a, o, s in zip(starts, y.shape[1:-1], stride)]))
+    cells = jnp.stack([lax.slice(padded, (0, *a, 0), (y.shape[0], *b, y.shape[-1]), (1, *stride, 1))
+                       for a, b in places])
+    in_image = np.stack([image[(slice(None), *map(slice, a, b, stride), slice(None))] for a, b in places])
+    # torch starts each window at its first cell in the image and moves on to a greater value
+    # or a NaN: the gradient goes to the first cell equal to the maximum (an all -inf window's
+    # first cell in the image, never the padding), or to a window's last NaN.
+    first = jnp.argmax((cells == y) & in_image, axis=0)
+    last_nan = len(places) - 1 - jnp.argmax(jnp.isnan(cells)[::-1], axis=0)
+    chosen = jnp.where(jnp.isnan(y), last_nan, first)
+    dx = jnp.zeros(padded.shape, dy.dtype)
+    for k, (a, b) in enumerate(places):
+        spread = [(low, size - high, s - 1) for low, high, size, s in zip(a, b, padded.shape[1:-1], stride)]
+        dx = dx + lax.pad(jnp.where(chosen == k, dy, 0), np.array(0, dy.dtype), [(0, 0, 0), *spread, (0, 0, 0)])
     inside = tuple(slice(low, size - high) for (low, high), size in zip(pads, padded.shape[1:-1]))
     return (dx[(slice(None), *inside, slice(None))],)
 
@@ -198,11 +198,10 @@ def _window_max_pool(x, kernel_size, stride, pads, dilation):
     """Max-pool of x (N, *S, C) with any windows (overlapping: ResNet's 3x3 stride 2).
 
     The value is reduce_window's; the gradient goes to each window's first maximum, as
-    torch's does, one kernel tap at a time: the tap's cells (a strided slice) that equal the
-    maximum and no earlier tap did take the window's gradient, put back in place by an
-    interior pad. XLA fuses the taps into one loop (3 ms of ResNet-18's train step at 64x64
-    on a 2-core CPU); JAX's own gradient of reduce_window (a variadic reduce_window carrying
-    every cell's index, then a scatter) took 8-10 ms of its 56.
+    torch's does: the kernel tap that holds it is found over the taps' cells (a strided slice
+    each), and each tap's share of the gradient is put back in place by an interior pad.
+    JAX's own gradient of reduce_window (a variadic reduce_window carrying every cell's index,
+    then a scatter) took 8-10 ms of ResNet-18's 56 ms train step at 64x64 on a 2-core CPU.
     """
     return _window_max(x, kernel_size, stride, pads, dilation)
 
