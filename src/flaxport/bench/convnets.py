@@ -50,9 +50,11 @@ def warm(call, sync=lambda out: out, seconds: float = 0.01) -> None:
     """Run `call` untimed for `seconds`: the cores are then busy with this framework alone.
     After an op torch's OpenMP workers spin for a few milliseconds before they sleep, and a
     JAX call timed right after one finds its second pool thread kept off a core (a 3x3
-    convolution, 64 channels at 56x56 on 2 cores: 6.2 ms timed after torch's, 4.6 ms after
-    JAX's own); a core left idle is slow to wake (in a VM, much slower than either). A user's
-    program does not interleave the two frameworks, so neither is timed in the other's wake."""
+    convolution, 64 channels at 56x56 on 2 cores: 6.2 ms timed after torch's, 4.6 ms with
+    torch's workers told not to spin, OMP_WAIT_POLICY=PASSIVE, torch's own time unchanged); a
+    core left idle is slow to wake (a sleep between the calls made every first call slower).
+    A user's program does not interleave the two frameworks, so neither is timed in the
+    other's wake."""
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         sync(call())

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from flaxport.runtime.functions import _ceil_extra, _tuple
+from flaxport.runtime.functions import _ceil_extra, _lowest, _tuple
 
 
 def _index_dtype():
@@ -235,9 +235,8 @@ def max_pool_indices(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mo
         take = (vb > va) | ((vb == va) & (pb < pa)) | (jnp.isnan(vb) & ~jnp.isnan(va))
         return jnp.where(take, vb, va), jnp.where(take, pb, pa)
 
-    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
     ones = (1,) * (x.ndim - n)
-    _, found = lax.reduce_window((x, positions), (jnp.asarray(lowest, x.dtype), jnp.asarray(positions.size, positions.dtype)),
+    _, found = lax.reduce_window((x, positions), (_lowest(x.dtype), jnp.asarray(positions.size, positions.dtype)),
                                  first_maximum, ones + tuple(kernel_size), ones + tuple(stride), pads,
                                  window_dilation=ones + tuple(dilation))
     return found

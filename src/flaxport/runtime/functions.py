@@ -82,13 +82,21 @@ def _grouped_by_taps(x, weight, stride, padding, dilation, groups):
     out_sizes = [(x.shape[1 + i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(n)]
     w = weight.reshape((groups, o // groups, per_group) + kernel)
     y = 0
-    for tap in itertools.product(*[range(k) for k in kernel]):
-        start = [0] + [t * d for t, d in zip(tap, dilation)] + [0]
-        limit = [x.shape[0]] + [b + (m - 1) * s + 1 for b, m, s in zip(start[1:], out_sizes, stride)] + [x.shape[-1]]
-        window = lax.slice(x, start, limit, [1, *stride, 1])
+    for tap, (starts, limits) in _taps(kernel, stride, dilation, out_sizes):
+        window = lax.slice(x, (0, *starts, 0), (x.shape[0], *limits, x.shape[-1]), (1, *stride, 1))
         window = window.reshape(window.shape[:-1] + (groups, per_group))
         y = y + jnp.einsum("...gc,goc->...go", window, w[(...,) + tap], precision=lax.Precision.HIGHEST)
     return y.reshape(y.shape[:-2] + (o,))
+
+
+def _taps(kernel_size, stride, dilation, out_sizes) -> list:
+    """[(tap, (starts, limits))]: for each kernel tap, the spatial window of a padded input whose
+    cells, taken every `stride`, are that tap's cell of every output position."""
+    out = []
+    for tap in itertools.product(*(range(k) for k in kernel_size)):
+        starts = [t * d for t, d in zip(tap, dilation)]
+        out.append((tap, (starts, [a + (o - 1) * s + 1 for a, o, s in zip(starts, out_sizes, stride)])))
+    return out
 
 
 def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
@@ -143,24 +151,29 @@ def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False
     axes = _spatial(x, n, True)
     pads = [(p, p + _ceil_extra(x.shape[a], k, s, p, d, ceil_mode))
             for a, k, s, p, d in zip(axes, kernel_size, stride, padding, dilation)]
-    # a NumPy init value: concrete under jit too, so JAX sees a max-pool it can differentiate
-    lowest = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min, x.dtype)
     if tuple(stride) == tuple(kernel_size) and set(dilation) == {1}:
         # Windows that tile the input: pick each window's first maximum, whose gradient is a
         # select (reduce_window's is a select_and_scatter, slow on XLA:CPU).
-        return _tiled_max_pool(jnp.pad(x, _window(x, axes, pads, (0, 0)), constant_values=lowest), tuple(kernel_size))
+        padded = jnp.pad(x, _window(x, axes, pads, (0, 0)), constant_values=_lowest(x.dtype))
+        return _tiled_max_pool(padded, tuple(kernel_size))
     window = (tuple(kernel_size), tuple(stride), tuple(map(tuple, pads)), tuple(dilation))
     if not jnp.issubdtype(x.dtype, jnp.floating):
         return _window_max(x, *window)  # no gradient
     return _window_max_pool(x, *window)
 
 
+def _lowest(dtype):
+    """The padding of a max-pool: -inf, or an integer type's least value. A NumPy value: concrete
+    under jit too, so JAX sees a max-pool it can differentiate."""
+    return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
+
+
 def _window_max(x, kernel_size, stride, pads, dilation):
-    """Each window's maximum of x (N, *S, C), the padding -inf."""
+    """Each window's maximum of x (N, *S, C), the padding the dtype's lowest value."""
     axes = list(range(1, x.ndim - 1))
-    lowest = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min, x.dtype)
-    return lax.reduce_window(x, lowest, lax.max, _window(x, axes, kernel_size, 1), _window(x, axes, stride, 1),
-                             _window(x, axes, pads, (0, 0)), window_dilation=_window(x, axes, dilation, 1))
+    return lax.reduce_window(x, _lowest(x.dtype), lax.max, _window(x, axes, kernel_size, 1),
+                             _window(x, axes, stride, 1), _window(x, axes, pads, (0, 0)),
+                             window_dilation=_window(x, axes, dilation, 1))
 
 
 def _window_max_pool_forward(x, kernel_size, stride, pads, dilation):
@@ -172,10 +185,7 @@ def _window_max_pool_backward(kernel_size, stride, pads, dilation, residuals, dy
     x, y = residuals
     padded = jnp.pad(x, [(0, 0), *pads, (0, 0)], constant_values=-np.inf)
     image = np.pad(np.ones(x.shape[1:-1], bool), pads)[None, ..., None]
-    places = []  # per kernel tap: where its cells start and end in `padded`
-    for tap in itertools.product(*(range(k) for k in kernel_size)):
-        starts = [t * d for t, d in zip(tap, dilation)]
-        places.append((starts, [a + (o - 1) * s + 1 for a, o, s in zip(starts, y.shape[1:-1], stride)]))
+    places = [place for _, place in _taps(kernel_size, stride, dilation, y.shape[1:-1])]
     cells = jnp.stack([lax.slice(padded, (0, *a, 0), (y.shape[0], *b, y.shape[-1]), (1, *stride, 1))
                        for a, b in places])
     in_image = np.stack([image[(slice(None), *map(slice, a, b, stride), slice(None))] for a, b in places])
