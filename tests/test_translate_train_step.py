@@ -302,3 +302,57 @@ def test_translation_takes_three_adam_steps_like_torch(name):
     if name == "bert":
         # the attention weights' dropout inside F.scaled_dot_product_attention included
         assert "masks made equal" in report.dropout and "7 calls a forward" in report.dropout, report.dropout
+
+
+DENSE = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+
+    class NormAct(nn.BatchNorm2d):
+        """timm's BatchNormAct2d: its own forward calls F.batch_norm on its buffers."""
+
+        def forward(self, x):
+            return torch.relu(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                           self.training, self.momentum, self.eps))
+
+
+    class Dense(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 6, 3, padding=1)
+            self.norm1, self.conv1 = NormAct(6), nn.Conv2d(6, 4, 3, padding=1)
+            self.norm2, self.conv2 = NormAct(10), nn.Conv2d(10, 4, 1)
+            self.head = nn.Linear(14, 5)
+
+        def forward(self, x):
+            x = self.stem(x)
+            features = [x, self.conv1(self.norm1(x))]
+            features.append(self.conv2(self.norm2(torch.cat(features, 1))))
+            return self.head(torch.cat(features, 1).mean((2, 3)))
+
+
+    def dense():
+        torch.manual_seed(0)
+        return Dense()
+''')
+
+
+def test_a_functional_batch_norm_and_channel_concatenation_train_as_torch_channels_last_inside(tmp_path, capsys):
+    """F.batch_norm in a module's own forward and torch.cat of feature maps (DenseNet) are written as
+    the file's channels-last functions (XLA then drops the transposes between them and the
+    convolutions); the train step they make is proven against torch's, running statistics too."""
+    models = tmp_path / "dense_models.py"
+    models.write_text(DENSE)
+    out = tmp_path / "dense"
+    code = main(["translate", f"{models}:dense", "--input", "4,3,6,6", "--out", str(out), "--train",
+                 "--optimizer", "torch.optim.SGD(lr=0.1, momentum=0.9)", "--loss", "nn.CrossEntropyLoss()"])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    assert "train step (5 steps, torch.optim.SGD(lr=0.1, momentum=0.9), F.cross_entropy): OK" in stdout
+    source = (out / "model.py").read_text()
+    assert "concatenate_channels([x, " in source and "training=True" in source and "training=False" in source
+    assert "jnp.concatenate" not in source.split("def concatenate_channels")[0]
+    md = (out / "parity.md").read_text()
+    assert "`norm2.running_var`" in md

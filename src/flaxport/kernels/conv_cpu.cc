@@ -133,24 +133,28 @@ void fwd_pixels(const PixelMap& map, int64_t first, int64_t last, const float* w
   if (rims) flush_rim();
 }
 
-// The output pixels a weight-gradient sweep reads: `rows` rows of `images` images.
+// The output pixels a weight-gradient sweep reads: `rows` rows of `images` images, each
+// pixel's x and dy vectors at the strides below.
 struct Sweep {
-  int64_t images, rows, x_image, dy_image, x_row, x_col, wo, cout;
+  int64_t images, rows, wo, x_image, x_row, x_col, dy_image, dy_row, dy_col;
 };
 
 // dw[t, 0:CB*16] += sum over the sweep's pixels of x[pixel + off[t]] * dy[pixel, 0:CB*16],
-// for R taps t (a tap: a kernel position and a group channel).
-template <int R, int CB, bool Partial>
-void dw_tile(const float* x, const float* dy, float* dw, const int64_t* off, const Sweep& s, const Tail& tail) {
+// for R taps t (a tap: a kernel position and a group channel). Not inlined: inlined into
+// ConvDw's task, GCC kept the accumulators on the stack and stored them after every pixel
+// (the kernel ran at 55-65% of the forward's rate); a masked load in the loop did the same,
+// so a partial last vector is packed first (pack_dy).
+template <int R, int CB>
+__attribute__((noinline)) void dw_tile(const float* x, const float* dy, float* dw, const int64_t* off,
+                                       const Sweep& s) {
   vec acc[R][CB] = {};
   for (int64_t m = 0; m < s.images; ++m)
     for (int64_t h = 0; h < s.rows; ++h) {
       const float* xr = x + m * s.x_image + h * s.x_row;
-      const float* dyr = dy + m * s.dy_image + h * s.wo * s.cout;
+      const float* dyr = dy + m * s.dy_image + h * s.dy_row;
       for (int64_t c = 0; c < s.wo; ++c) {
         vec g[CB];
-        for (int b = 0; b < CB - 1; ++b) g[b] = load(dyr + c * s.cout + b * kLanes);
-        g[CB - 1] = load_last<Partial>(dyr + c * s.cout + (CB - 1) * kLanes, tail);
+        for (int b = 0; b < CB; ++b) g[b] = load(dyr + c * s.dy_col + b * kLanes);
         const float* xp = xr + c * s.x_col;
         for (int t = 0; t < R; ++t) {
           vec xv = broadcast(xp + off[t]);
@@ -165,15 +169,24 @@ void dw_tile(const float* x, const float* dy, float* dw, const int64_t* off, con
     }
 }
 
-template <int CB, bool Partial>
-void dw_taps(const float* x, const float* dy, float* dw, const int64_t* off, int64_t taps, const Sweep& s,
-             const Tail& tail) {
+template <int CB>
+void dw_taps(const float* x, const float* dy, float* dw, const int64_t* off, int64_t taps, const Sweep& s) {
   constexpr int R = kTile<CB>;
   int64_t t = 0;
-  for (; t + R <= taps; t += R) dw_tile<R, CB, Partial>(x, dy, dw + t * CB * kLanes, off + t, s, tail);
+  for (; t + R <= taps; t += R) dw_tile<R, CB>(x, dy, dw + t * CB * kLanes, off + t, s);
   with_size<R>(taps - t, [&](auto rest) {  // the last taps
-    dw_tile<decltype(rest)::value, CB, Partial>(x, dy, dw + t * CB * kLanes, off + t, s, tail);
+    dw_tile<decltype(rest)::value, CB>(x, dy, dw + t * CB * kLanes, off + t, s);
   });
+}
+
+// A sweep's dy vectors, channels [0, CB*16) of each pixel (`stride` floats apart), into
+// `packed` back to back, the lanes past the tail zero.
+template <int CB>
+void pack_dy(const float* dy, int64_t pixels, int64_t stride, float* packed, const Tail& tail) {
+  for (int64_t p = 0; p < pixels; ++p, dy += stride, packed += CB * kLanes) {
+    for (int b = 0; b < CB - 1; ++b) store(packed + b * kLanes, load(dy + b * kLanes));
+    store(packed + (CB - 1) * kLanes, load_n(dy + (CB - 1) * kLanes, tail));
+  }
 }
 
 struct Shapes {
@@ -290,16 +303,24 @@ ffi::Error ConvDw(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
     const int64_t part = task / tasks_per_part, g = (task % tasks_per_part) / tap_ranges, r = task % tap_ranges;
     const int64_t t0 = taps * r / tap_ranges, t1 = taps * (r + 1) / tap_ranges;
     float* acc = partial.data() + part * size + g * s.blocks * block_size;
+    thread_local std::vector<float> packed;
     chunks.for_group(part, s.n, s.ho, [&](int64_t img, int64_t images, int64_t h0, int64_t rows) {
-      const Sweep sweep{images, rows, x_image, dy_image, x_row, s.sw * s.cin, s.wo, s.cout};
       const float* xr = xs + img * x_image + h0 * x_row + g * s.cig;
       const float* gr = gs + img * dy_image + h0 * s.wo * s.cout + g * s.cog;
       for (int64_t b = 0; b < s.blocks; ++b) {
         const int64_t c0 = b * width;
         with_channels(s, c0, [&](auto cb, auto partial, const Tail& tail) {
           constexpr int V = decltype(cb)::value;
-          dw_taps<V, decltype(partial)::value>(xr, gr + c0, acc + b * block_size + t0 * V * kLanes,
-                                               off.data() + t0, t1 - t0, sweep, tail);
+          Sweep sweep{images, rows, s.wo, x_image, x_row, s.sw * s.cin, dy_image, s.wo * s.cout, s.cout};
+          const float* dyb = gr + c0;
+          if constexpr (decltype(partial)::value) {
+            const int64_t pixels = images * rows * s.wo;
+            if (static_cast<int64_t>(packed.size()) < pixels * width) packed.resize(pixels * width);
+            pack_dy<V>(dyb, pixels, s.cout, packed.data(), tail);
+            sweep.dy_col = V * kLanes, sweep.dy_row = s.wo * sweep.dy_col, sweep.dy_image = rows * sweep.dy_row;
+            dyb = packed.data();
+          }
+          dw_taps<V>(xr, dyb, acc + b * block_size + t0 * V * kLanes, off.data() + t0, t1 - t0, sweep);
         });
       }
     });

@@ -497,6 +497,33 @@ def batch_norm_train(x, weight, bias, eps):
 batch_norm_train.defvjp(_batch_norm_forward, _batch_norm_backward)
 
 
+def concatenate_channels(images):
+    """torch.cat(images, dim=1) of images (N, C, H, W) -> (N, sum of C, H, W), computed
+    channels-last: the transposes at its edges meet those of the convolutions and
+    normalisations around it and XLA removes them (a concatenation in torch's layout is a
+    copy to it and back, each way a transpose)."""
+    return _channels_first(jnp.concatenate([_channels_last(x, 2) for x in images], axis=-1), 2)
+
+
+def batch_norm(x, running_mean, running_var, weight, bias, training, eps, channels_last=False):
+    """torch's F.batch_norm of x (N, C, *S), or (N, *S, C) with channels_last -> y, same shape.
+
+    training: the batch's statistics (biased variance, torch's closed-form gradient); else the
+    running ones. The running statistics are not updated here: a JAX function does not write
+    its arguments (the translation updates a module's buffers itself). Computed channels-last,
+    so the transposes at its edges meet the convolutions' and XLA removes them.
+    """
+    if not channels_last and x.ndim > 2:
+        y = batch_norm(_channels_last(x, x.ndim - 2), running_mean, running_var, weight, bias, training, eps, True)
+        return _channels_first(y, x.ndim - 2)
+    c = x.shape[-1]
+    weight = jnp.ones((c,), x.dtype) if weight is None else weight
+    bias = jnp.zeros((c,), x.dtype) if bias is None else bias
+    if training:
+        return batch_norm_train(x, weight, bias, eps)[0]
+    return (x - running_mean) * lax.rsqrt(running_var + eps) * weight + bias
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                                  dropout=None):
     """torch's F.scaled_dot_product_attention: (..., L, E) x (..., S, E) -> (..., L, Ev).

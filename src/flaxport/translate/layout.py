@@ -74,6 +74,24 @@ def assign(capture, forced=frozenset()) -> dict:
     return layout
 
 
+def image_value(node) -> bool:
+    """Whether a 4-D value comes from a convolution, normalisation, pooling or resampling op
+    through elementwise ops and channel concatenations only: the values `assign` keeps
+    channels-last in nhwc mode, and whose torch-layout code computes channels-last inside."""
+    seen, todo = set(), [node]
+    while todo:
+        v = todo.pop()
+        if v in seen or not hasattr(v, "target") or _ndim(v) != 4:
+            continue
+        seen.add(v)
+        target = str(v.target)
+        if target in NATIVE:
+            return True
+        if target in POINTWISE or target == "aten.cat.default":
+            todo.extend(_tensor_args(v))
+    return False
+
+
 def _main(node):
     name = NATIVE[str(node.target)]
     return schema_arguments(node).get(name)

@@ -89,22 +89,15 @@ def batch_norm(c, node):
     training = c.raw("training") if c.has("training") else False
     x = c.x("input")
     ndim = c.val("input").ndim
-    channel = repr((-1,) if c.channels_last else (1, -1) + (1,) * (ndim - 2))
     native = not str(node.target).startswith("aten.batch_norm")
     if training:  # batch statistics (capture.running_statistics writes a module's running ones)
         axes = tuple(range(ndim - 1)) if c.channels_last else (0,) + tuple(range(2, ndim))
-        mean = call("jnp.mean", x, axis=repr(axes), keepdims="True")
-        var = call("jnp.var", x, axis=repr(axes), keepdims="True")
         saved = (call("jnp.mean", x, axis=repr(axes)),
                  call("lax.rsqrt", binary(c, call("jnp.var", x, axis=repr(axes)), "+", c.lit(c.raw("eps"), "eps"), ADD)))
     else:
         saved = tuple(call("jnp.zeros", "(0,)", f"{x.at(ATOM)}.dtype") for _ in range(2))
-        mean = Expr(f"{c.x('running_mean').at(100)}.reshape({channel})")
-        var = Expr(f"{c.x('running_var').at(100)}.reshape({channel})")
-    y = binary(c, binary(c, x, "-", mean, ADD), "*", call("lax.rsqrt", binary(c, var, "+", c.lit(c.raw("eps"), "eps"),
-                                                                              ADD)), MUL)
-    if c.has("weight"):
-        y = binary(c, y, "*", Expr(f"{c.x('weight').at(100)}.reshape({channel})"), MUL)
-    if c.has("bias"):
-        y = binary(c, y, "+", Expr(f"{c.x('bias').at(100)}.reshape({channel})"), ADD)
+    optional = {name: c.x(name) if c.has(name) else "None" for name in ("running_mean", "running_var", "weight", "bias")}
+    y = call(c.helper("batch_norm"), x, optional["running_mean"], optional["running_var"], optional["weight"],
+             optional["bias"], training=repr(bool(training)), eps=c.lit(c.raw("eps"), "eps"),
+             channels_last="True" if c.channels_last else None)
     return Outputs((y,) + saved) if native else y

@@ -139,11 +139,17 @@ def cat(c, node):
                                                       c.static(c.item_val("tensors", k).shape[0]) == 0)]
     ndim = c.out.ndim
     dim = c.dim("dim", ndim) if c.has("dim") else 0
+    listed = Expr("[" + ", ".join(str(i) for i in items) + "]")
     if c.channels_last:
         from flaxport.translate.layout import to_layout_dim
 
         dim = to_layout_dim(dim, ndim)
-    return call("jnp.concatenate", Expr("[" + ", ".join(str(i) for i in items) + "]"), axis=dim)
+    elif ndim == 4 and dim == 1:
+        from flaxport.translate.layout import image_value
+
+        if any(image_value(v) for v in node.args[0]):  # DenseNet's features: channels-last inside
+            return call(c.helper("concatenate_channels"), listed)
+    return call("jnp.concatenate", listed, axis=dim)
 
 
 @op("aten.stack.default")
