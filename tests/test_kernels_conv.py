@@ -50,6 +50,9 @@ CASES = [
     ("window the whole input (VGG's head)", 2, (7, 7), 32, 40, (7, 7), (1, 1), (0, 0), (1, 1), 1),
     ("1x1 on a 1x1 map", 3, (1, 1), 24, 40, (1, 1), (1, 1), (0, 0), (1, 1), 1),
     ("whole 5x3 window, stride 2", 2, (5, 3), 8, 12, (5, 3), (2, 2), (0, 0), (1, 1), 1),
+    # outputs of 4 MB and more are written past the caches (non-temporal stores)
+    ("1x1 to 256 channels, output streamed", 2, (64, 64), 16, 256, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    ("3x3 from 256 channels, input gradient streamed", 2, (48, 48), 256, 16, (3, 3), (1, 1), (1, 1), (1, 1), 1),
 ]
 
 

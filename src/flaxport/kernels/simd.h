@@ -63,6 +63,23 @@ inline void store_n(float* p, vec v, const Tail& t) {
 #endif
 }
 
+// v to p, 64-byte aligned, past the caches (a non-temporal store): an output larger than the
+// caches is then written without first being read from memory. Elsewhere a plain store.
+inline void store_streaming(float* p, vec v) {
+#ifdef __AVX512F__
+  _mm512_stream_ps(p, reinterpret_cast<__m512>(v));
+#else
+  store(p, v);
+#endif
+}
+
+// Makes a task's non-temporal stores visible before it is counted done.
+inline void fence_streaming() {
+#ifdef __AVX512F__
+  _mm_sfence();
+#endif
+}
+
 // A last vector that is whole (Partial false: plain loads and stores, no mask in the inner
 // loops) or a tail: kernels are instantiated for both and pick per channel block.
 template <bool Partial>
