@@ -112,19 +112,9 @@ void fwd_pixels(const PixelMap& map, int64_t first, int64_t last, const float* w
     });
     rims = 0;
   };
-  // The pixel's image and window origin, advanced pixel by pixel: four divisions a pixel took
-  // a third of a 1x1 convolution's time.
-  int64_t img, oy, ox, col = first % map.wo;
-  map.origin(first, &img, &oy, &ox);
   for (int64_t m = first; m < last; ++m) {
-    if (m > first) {
-      ox += map.sw;
-      if (++col == map.wo) {
-        col = 0, ox = -map.pad_left, oy += map.sh;
-        if (oy + map.pad_top == map.ho * map.sh) oy = -map.pad_top, ++img;
-      }
-    }
-    int64_t taps[4];
+    int64_t img, oy, ox, taps[4];
+    map.origin(m, &img, &oy, &ox);
     PixelMap::in_image(oy, map.kh, map.dh, map.h, &taps[0], &taps[1]);
     PixelMap::in_image(ox, map.kw, map.dw, map.w, &taps[2], &taps[3]);
     if (taps[0] == 0 && taps[1] == map.kh && taps[2] == 0 && taps[3] == map.kw) {
@@ -158,7 +148,7 @@ struct Sweep {
 // dw[t, 0:CB*16] += sum over the sweep's pixels of x[pixel + off[t]] * dy[pixel, 0:CB*16],
 // for R taps t (a tap: a kernel position and a group channel). Not inlined: inlined into
 // ConvDw's task, GCC kept the accumulators on the stack and stored them after every pixel
-// (the kernel ran at 55-65% of the forward's rate); a masked load in the loop did the same,
+// (the kernel ran at 50-66% of the forward's rate); a masked load in the loop did the same,
 // so a partial last vector is packed first (pack_dy).
 template <int R, int CB>
 __attribute__((noinline)) void dw_tile(const float* x, const float* dy, float* dw, const int64_t* off,
@@ -268,9 +258,9 @@ ffi::Error ConvFwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   constexpr int64_t kTaskPixels = 256, kSmallWeightBytes = 512 * 1024;
   const int64_t pixel_tasks = (pixels + kTaskPixels - 1) / kTaskPixels, all_blocks = s.groups * s.blocks;
   const bool pixels_first = all_blocks * block_weights * int64_t(sizeof(float)) <= kSmallWeightBytes;
-  // An output larger than the two cores' L2 caches is streamed to memory: written through the
-  // caches, each of its lines was first read from memory (a 1x1 convolution from 64 to 256
-  // channels at 56x56, batch 8, 26 MB of output: 4.2 -> 2.7 ms; torch 2.4).
+  // An output of 4 MB or more (twice the L2 of this 2-core CPU) is streamed to memory: written
+  // through the caches, each of its lines was first read from memory (a 1x1 convolution from
+  // 64 to 256 channels at 56x56, batch 8, 26 MB of output: 4.2 -> 2.7 ms; torch 2.4).
   constexpr int64_t kStreamBytes = 4 << 20;
   float* const y0 = y->typed_data();
   const bool streaming = pixels * s.cout * int64_t(sizeof(float)) >= kStreamBytes && s.cog % kLanes == 0 &&

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from flaxport.runtime.functions import (_channels_first, _channels_last, batch_norm_train, conv, conv_transpose,
-                                        group_norm, gru_scan, layer_norm, lstm_scan, rnn_scan)
+from flaxport.runtime.functions import (_channels_first, _channels_last, batch_norm_channels_last, conv,
+                                        conv_transpose, group_norm, gru_scan, layer_norm, lstm_scan, rnn_scan)
 
 
 class Buffer(nnx.Variable):
@@ -151,14 +151,14 @@ class _BatchNorm(nnx.Module):
 
     def _normalize(self, x):
         """x (N, *S, C) -> normalised over all axes but the channels."""
-        c = x.shape[-1]
-        weight = jnp.ones((c,), x.dtype) if self.weight is None else self.weight[...]
-        bias = jnp.zeros((c,), x.dtype) if self.bias is None else self.bias[...]
-        if self.use_running_average and self.running_mean is not None:
-            return (x - self.running_mean[...]) * lax.rsqrt(self.running_var[...] + self.eps) * weight + bias
-        y, mean, var = batch_norm_train(x, weight, bias, self.eps)
-        if self.running_mean is not None and not self.use_running_average:
-            self._update_running_stats(mean, var, x.size // c)
+        tracked = self.running_mean is not None
+        training = not (self.use_running_average and tracked)
+        y, mean, var = batch_norm_channels_last(
+            x, self.running_mean[...] if tracked else None, self.running_var[...] if tracked else None,
+            None if self.weight is None else self.weight[...], None if self.bias is None else self.bias[...],
+            training, self.eps)
+        if training and tracked:
+            self._update_running_stats(mean, var, x.size // x.shape[-1])
         return y
 
     def _update_running_stats(self, mean, var, n):
