@@ -123,9 +123,9 @@ import numpy as np
 from flaxport.harness.cpu import tune_allocator
 tune_allocator()
 faults = []
-for _ in range(6):  # 64 MB, above glibc's largest mmap threshold, as XLA's step buffers are
+for _ in range(6):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    a = np.empty(64 << 20, np.uint8)
+    a = np.empty(int(sys.argv[1]) << 20, np.uint8)
     a[::4096] = 1  # touch every page
     del a
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -133,13 +133,15 @@ print(max(faults[2:]))
 """
 
 
-@pytest.mark.parametrize("malloc,most", [("default", None), ("", 8)])
-def test_allocator_reuses_big_blocks_instead_of_faulting_them_in_again(malloc, most):
+# 64 MB: above glibc's largest mmap threshold, as XLA's step buffers are; 2.5 GB: above the
+# largest trim threshold a positive int can set, as a big model's train step frees at once.
+@pytest.mark.parametrize("malloc,megabytes,most", [("default", 64, None), ("", 64, 8), ("", 2560, 8)])
+def test_allocator_reuses_big_blocks_instead_of_faulting_them_in_again(malloc, megabytes, most):
     import subprocess
     import sys
 
     env = {**os.environ, "FLAXPORT_MALLOC": malloc}
-    proc = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _FAULTS, str(megabytes)], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     faults = int(proc.stdout.strip())
     if most is None:  # glibc's defaults: the block is mapped afresh every time, so every

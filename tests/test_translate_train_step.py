@@ -356,3 +356,82 @@ def test_a_functional_batch_norm_and_channel_concatenation_train_as_torch_channe
     assert "jnp.concatenate" not in source.split("def concatenate_channels")[0]
     md = (out / "parity.md").read_text()
     assert "`norm2.running_var`" in md
+
+
+ACTIVATED = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+
+    class Block(nn.Module):
+        def __init__(self, channels):
+            super().__init__()
+            self.conv1, self.act = nn.Conv2d(channels, 2 * channels, 1), nn.GELU()
+            self.conv2 = nn.Conv2d(2 * channels, channels, 3, padding=1)
+            self.norm, self.gate = nn.BatchNorm2d(channels), nn.Conv2d(channels, channels, 1)
+
+        def forward(self, x):
+            y = F.silu(self.norm(self.conv2(self.act(self.conv1(x)))))
+            y = y * torch.sigmoid(self.gate(y.mean((2, 3), keepdim=True)))  # squeeze-and-excite
+            return F.relu6(y) + x
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, padding=1)
+            self.blocks = nn.Sequential(Block(8), Block(8))
+            self.head = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 5))
+
+        def forward(self, x):
+            return self.head(self.blocks(torch.tanh(self.stem(x))).mean((2, 3)))
+
+
+    def net():
+        torch.manual_seed(0)
+        return Net()
+''')
+
+
+def test_activations_of_feature_maps_compute_channels_last_so_the_train_step_keeps_no_map_in_torch_layout(
+        tmp_path, capsys):
+    """An activation of a convolution's output is written `apply_channels_last(jax.nn.gelu, ...)`:
+    what its gradient keeps is then in the convolutions' layout, and the compiled train step
+    materialises no feature map in torch's (N, C, H, W) layout (written inline, XLA kept
+    GELU's, SiLU's and sigmoid's values transposed). Activations of other values stay plain."""
+    import importlib.util
+    import re
+    import sys
+
+    import jax.numpy as jnp
+
+    models = tmp_path / "act_models.py"
+    models.write_text(ACTIVATED)
+    out = tmp_path / "act"
+    code = main(["translate", f"{models}:net", "--input", "4,3,6,6", "--out", str(out), "--train",
+                 "--optimizer", "torch.optim.SGD(lr=0.1, momentum=0.9)", "--loss", "nn.CrossEntropyLoss()"])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    assert "train step (5 steps, torch.optim.SGD(lr=0.1, momentum=0.9), F.cross_entropy): OK" in stdout
+    source = (out / "model.py").read_text()
+    for fn in ("jax.nn.gelu", "jax.nn.silu", "jax.nn.sigmoid", "jax.nn.relu6", "jnp.tanh"):
+        assert f"apply_channels_last({fn}, " in source, fn
+    assert "lambda input: jax.nn.gelu(input, approximate=False)" in source  # the head's (N, 16)
+
+    def module(name):
+        spec = importlib.util.spec_from_file_location(name, out / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    sys.modules["model"] = model_py = module("model")
+    try:
+        step, state, _ = module("train_step").make_train_step(model_py.load(str(out)))
+    finally:
+        del sys.modules["model"]
+    hlo = step.lower(state, jnp.zeros((4, 3, 6, 6)), jnp.zeros((4,), jnp.int32)).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]
+    entry = entry[:entry.index("\n}")]
+    assert re.findall(r"%\S+ = f32\[4,6,6,(?:8|16)\]", entry)  # XLA:CPU's layouts: the maps channels-last
+    assert not re.findall(r"%\S+ = f32\[4,(?:8|16),6,6\]", entry), "feature maps in torch's layout"

