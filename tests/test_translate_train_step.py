@@ -394,12 +394,13 @@ ACTIVATED = textwrap.dedent('''
 ''')
 
 
-def test_activations_of_feature_maps_compute_channels_last_so_the_train_step_keeps_no_map_in_torch_layout(
+def test_activations_and_gates_of_feature_maps_compute_channels_last_so_the_train_step_keeps_no_map_in_torch_layout(
         tmp_path, capsys):
-    """An activation of a convolution's output is written `apply_channels_last(jax.nn.gelu, ...)`:
-    what its gradient keeps is then in the convolutions' layout, and the compiled train step
-    materialises no feature map in torch's (N, C, H, W) layout (written inline, XLA kept
-    GELU's, SiLU's and sigmoid's values transposed). Activations of other values stay plain."""
+    """An activation of a convolution's output is written `apply_channels_last(jax.nn.gelu, ...)`
+    and a map times a per-channel gate `multiply_channels(y, gate)`: what their gradients keep is
+    then in the convolutions' layout, and the compiled train step materialises no feature map in
+    torch's (N, C, H, W) layout (written inline, XLA kept GELU's, SiLU's and sigmoid's values
+    transposed). Activations of other values stay plain."""
     import importlib.util
     import re
     import sys
@@ -417,6 +418,7 @@ def test_activations_of_feature_maps_compute_channels_last_so_the_train_step_kee
     source = (out / "model.py").read_text()
     for fn in ("jax.nn.gelu", "jax.nn.silu", "jax.nn.sigmoid", "jax.nn.relu6", "jnp.tanh"):
         assert f"apply_channels_last({fn}, " in source, fn
+    assert "multiply_channels(\n            y, apply_channels_last(jax.nn.sigmoid, " in source
     assert "lambda input: jax.nn.gelu(input, approximate=False)" in source  # the head's (N, 16)
 
     def module(name):

@@ -532,6 +532,15 @@ def apply_channels_last(activation, x, *args, **kwargs):
     return _channels_first(activation(_channels_last(x, 2), *args, **kwargs), 2)
 
 
+def multiply_channels(x, factor):
+    """x (N, C, H, W) times a per-channel factor (N or 1, C, 1, 1) -> (N, C, H, W): a
+    squeeze-and-excitation gate, a layer scale. Computed channels-last, as apply_channels_last:
+    in torch's layout XLA keeps the product's gradient transposed, and the factor's gradient,
+    a sum over (H, W), reads it across the convolutions' layout (timm SE-ResNeXt-26d's train
+    step at 224x224, batch 8: 928 -> 670 ms on a 2-core CPU)."""
+    return _channels_first(_channels_last(x, 2) * _channels_last(factor, 2), 2)
+
+
 def concatenate_channels(images):
     """torch.cat(images, dim=1) of images (N, C, H, W) -> (N, sum of C, H, W), computed
     channels-last: the transposes at its edges meet those of the convolutions and

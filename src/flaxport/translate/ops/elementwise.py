@@ -35,7 +35,30 @@ def rsub(c, node):
 
 @op("aten.mul.Tensor", "aten.mul.Scalar")
 def mul(c, node):
+    scaled = _channel_scaling(c)
+    if scaled is not None:  # a squeeze-and-excitation gate, a layer scale: channels-last inside
+        image, factor = scaled
+        return call(c.helper("multiply_channels"), c.x(image), c.x(factor))
     return binary(c, c.x("self"), "*", c.x("other"), MUL)
+
+
+def _channel_scaling(c):
+    """(image, factor) argument names where a feature map in torch's layout, (N, C, H, W) made by a
+    convolution, normalisation or pooling, is multiplied by a per-channel factor (N or 1, C, 1, 1);
+    else None."""
+    from flaxport.translate.layout import image_value
+
+    if c.channels_last or c.out.ndim != 4:
+        return None
+    for image, factor in (("self", "other"), ("other", "self")):
+        if not (hasattr(c.args.get(image), "meta") and hasattr(c.args.get(factor), "meta")):
+            return None
+        x, f = c.val(image).shape, c.val(factor).shape
+        if (len(f) == 4 and image_value(c.args[image]) and list(x) == list(c.out.shape)
+                and [c.static(s) for s in f[2:]] == [1, 1] and c.static(f[1]) == c.static(x[1]) is not None
+                and [c.static(s) for s in x[2:]] != [1, 1]):
+            return image, factor
+    return None
 
 
 @op("aten.div.Tensor", "aten.div.Scalar", "aten.true_divide.Tensor", "aten.div.Tensor_mode", "aten.div.Scalar_mode")
