@@ -26,8 +26,9 @@ def _channels_last(x, n):
     XLA:CPU convolves, pools and normalises channels-last, and on torch's layout it wraps
     each such op in transposes of its own, which it does not cancel between ops. So these
     functions compute channels-last inside and transpose at their edges: between two
-    layers the transposes meet (through elementwise ops too) and XLA removes them, and
-    torch-layout code runs as fast as channels-last code.
+    layers the transposes meet and XLA removes them. What a train step keeps for the
+    gradient stays in the layout it was computed in, so activations of feature maps and
+    per-channel gates are channels-last inside too (apply_channels_last, multiply_channels).
     """
     return jnp.moveaxis(x, x.ndim - n - 1, -1)
 
