@@ -141,7 +141,8 @@ def test_allocator_reuses_big_blocks_instead_of_faulting_them_in_again(malloc, m
     import sys
 
     env = {**os.environ, "FLAXPORT_MALLOC": malloc}
-    proc = subprocess.run([sys.executable, "-c", _FAULTS, str(megabytes)], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _FAULTS, str(megabytes)], capture_output=True, text=True, env=env,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     faults = int(proc.stdout.strip())
     if most is None:  # glibc's defaults: the block is mapped afresh every time, so every

@@ -126,6 +126,14 @@ class OpContext:
         """Does this op compute channels-last (--layout nhwc)?"""
         return self.body.plan.layout_of(self.body.capture, self.node) == "last"
 
+    def torch_layout_image(self, v) -> bool:
+        """Is fx value `v` a feature map (layout.image_value) that this op reads in torch's layout?
+        The runtime's channels-last functions then compute on it (concatenate_channels,
+        apply_channels_last, multiply_channels), so the transposes meet the convolutions'."""
+        from flaxport.translate.layout import image_value
+
+        return not self.channels_last and hasattr(v, "meta") and image_value(v)
+
     def layout_dim(self, dim: int, arg: str = "self") -> int:
         """torch's dim `dim` of argument `arg`, as an axis of the array the op receives."""
         from flaxport.translate import layout as lay

@@ -1,36 +1,25 @@
 """Activations and softmax, with torch's definitions (exact GELU unless approximate='tanh')."""
 from __future__ import annotations
 
+from flaxport.translate.ops.elementwise import unary
 from flaxport.translate.ops.table import MUL, Expr, Unsupported, binary, call, op
-
-
-def activation(c, fn: str, *args, **kwargs) -> Expr:
-    """fn(self, *args, **kwargs); on an image in torch's layout (a value a convolution,
-    normalisation or pooling made, runtime `apply_channels_last`) computed channels-last inside, so
-    what its gradient keeps is in the convolutions' layout."""
-    from flaxport.translate.layout import image_value
-
-    x = c.x("self")
-    if c.out.ndim == 4 and not c.channels_last and image_value(c.args["self"]):
-        return call(c.helper("apply_channels_last"), fn, x, *args, **kwargs)
-    return call(fn, x, *args, **kwargs)
 
 
 @op("aten.relu.default")
 def relu(c, node):
-    return activation(c, "jax.nn.relu")
+    return unary(c, "jax.nn.relu")
 
 
 @op("aten.gelu.default")
 def gelu(c, node):
     approximate = c.raw("approximate") if c.has("approximate") else "none"
     # torch's default is exact (erf); jax.nn.gelu defaults to the tanh form (docs/porting.md, entry 8)
-    return activation(c, "jax.nn.gelu", approximate="True" if approximate == "tanh" else "False")
+    return unary(c, "jax.nn.gelu", approximate="True" if approximate == "tanh" else "False")
 
 
 @op("aten.silu.default")
 def silu(c, node):
-    return activation(c, "jax.nn.silu")
+    return unary(c, "jax.nn.silu")
 
 
 @op("aten.mish.default")
@@ -41,12 +30,12 @@ def mish(c, node):
 
 @op("aten.hardswish.default")
 def hardswish(c, node):
-    return activation(c, "jax.nn.hard_swish")  # x * relu6(x + 3) / 6, torch's formula
+    return unary(c, "jax.nn.hard_swish")  # x * relu6(x + 3) / 6, torch's formula
 
 
 @op("aten.hardsigmoid.default")
 def hardsigmoid(c, node):
-    return activation(c, "jax.nn.hard_sigmoid")  # relu6(x + 3) / 6
+    return unary(c, "jax.nn.hard_sigmoid")  # relu6(x + 3) / 6
 
 
 @op("aten.hardtanh.default")
@@ -54,14 +43,14 @@ def hardtanh(c, node):
     lo = c.raw("min_val") if c.has("min_val") else -1.0
     hi = c.raw("max_val") if c.has("max_val") else 1.0
     if lo == 0 and hi == 6:
-        return activation(c, "jax.nn.relu6")
-    return activation(c, "jnp.clip", c.lit(lo, "min_val"), c.lit(hi, "max_val"))
+        return unary(c, "jax.nn.relu6")
+    return unary(c, "jnp.clip", c.lit(lo, "min_val"), c.lit(hi, "max_val"))
 
 
 @op("aten.leaky_relu.default")
 def leaky_relu(c, node):
     slope = c.raw("negative_slope") if c.has("negative_slope") else 0.01
-    return activation(c, "jax.nn.leaky_relu", negative_slope=c.lit(slope, "negative_slope"))
+    return unary(c, "jax.nn.leaky_relu", negative_slope=c.lit(slope, "negative_slope"))
 
 
 @op("aten.elu.default")
@@ -76,7 +65,7 @@ def elu(c, node):
 
 @op("aten.selu.default")
 def selu(c, node):
-    return activation(c, "jax.nn.selu")
+    return unary(c, "jax.nn.selu")
 
 
 @op("aten.celu.default")

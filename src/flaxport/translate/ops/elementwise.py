@@ -1,8 +1,16 @@
 """Elementwise arithmetic, comparisons, logic and math functions (torch's promotion and division rules)."""
 from __future__ import annotations
 
-from flaxport.translate.ops.activation import activation
 from flaxport.translate.ops.table import ADD, ATOM, COMPARE, MUL, POWER, UNARY, Expr, binary, call, op
+
+
+def unary(c, fn: str, *args, **kwargs) -> Expr:
+    """fn(self, *args, **kwargs) for an elementwise function fn; on a feature map in torch's layout
+    `apply_channels_last(fn, x, ...)`: what fn's gradient keeps is then in the convolutions' layout."""
+    x = c.x("self")
+    if c.torch_layout_image(c.args["self"]):
+        return call(c.helper("apply_channels_last"), fn, x, *args, **kwargs)
+    return call(fn, x, *args, **kwargs)
 
 
 def _alpha(c, other: Expr) -> Expr:
@@ -43,18 +51,13 @@ def mul(c, node):
 
 
 def _channel_scaling(c):
-    """(image, factor) argument names where a feature map in torch's layout, (N, C, H, W) made by a
-    convolution, normalisation or pooling, is multiplied by a per-channel factor (N or 1, C, 1, 1);
-    else None."""
-    from flaxport.translate.layout import image_value
-
-    if c.channels_last or c.out.ndim != 4:
+    """(image, factor) argument names where a feature map in torch's layout (N, C, H, W) is
+    multiplied by a per-channel factor (N or 1, C, 1, 1); else None."""
+    if c.out.ndim != 4 or not all(hasattr(c.args.get(k), "meta") for k in ("self", "other")):
         return None
     for image, factor in (("self", "other"), ("other", "self")):
-        if not (hasattr(c.args.get(image), "meta") and hasattr(c.args.get(factor), "meta")):
-            return None
         x, f = c.val(image).shape, c.val(factor).shape
-        if (len(f) == 4 and image_value(c.args[image]) and list(x) == list(c.out.shape)
+        if (len(f) == 4 and c.torch_layout_image(c.args[image]) and list(x) == list(c.out.shape)
                 and [c.static(s) for s in f[2:]] == [1, 1] and c.static(f[1]) == c.static(x[1]) is not None
                 and [c.static(s) for s in x[2:]] != [1, 1]):
             return image, factor
@@ -134,9 +137,7 @@ def _unary(name, fn):
         if name == "frac":
             x = c.x("self")
             return binary(c, x, "-", call("jnp.trunc", x), ADD)
-        if name in ("sigmoid", "tanh"):  # activations: on an image computed channels-last inside
-            return activation(c, fn)
-        return call(fn, c.x("self"))
+        return unary(c, fn)
 
     return handler
 

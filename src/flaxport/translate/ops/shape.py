@@ -144,11 +144,8 @@ def cat(c, node):
         from flaxport.translate.layout import to_layout_dim
 
         dim = to_layout_dim(dim, ndim)
-    elif ndim == 4 and dim == 1:
-        from flaxport.translate.layout import image_value
-
-        if any(image_value(v) for v in node.args[0]):  # DenseNet's features: channels-last inside
-            return call(c.helper("concatenate_channels"), listed)
+    elif ndim == 4 and dim == 1 and any(c.torch_layout_image(v) for v in node.args[0]):
+        return call(c.helper("concatenate_channels"), listed)  # DenseNet's features: channels-last inside
     return call("jnp.concatenate", listed, axis=dim)
 
 
