@@ -172,6 +172,24 @@ def test_a_sequential_whose_element_asks_for_sizes_is_a_class_that_passes_them()
     np.testing.assert_allclose(np.asarray(t.model(x.numpy())), want, rtol=1e-4, atol=1e-4)
 
 
+def test_the_plan_is_never_changed_the_kinds_rendering_decides_come_as_a_revised_copy():
+    """The Sequential above becomes a class only once its element's body asks for sizes: the classes
+    stage hands emit a revised copy of the plan; the plan it was given still says what it said."""
+    from flaxport.translate.capture import capture
+    from flaxport.translate.classes import build_classes
+    from flaxport.translate.plan import Plan
+
+    module, x = SameStem().eval(), torch.randn(2, 3, 19, 22)
+    captures = {mode: capture(module, (x,), {}, train=mode == "train") for mode in ("eval", "train")}
+    plan = Plan(module, captures)
+    assert (plan.kinds["backbone"], plan.kinds["backbone.1"]) == ("sequential", "element")
+    with pytest.raises(TypeError):
+        plan.kinds["backbone"] = "generated"  # a read-only mapping: no later stage writes it
+    classes = build_classes(plan)
+    assert (classes.plan.kinds["backbone"], classes.plan.kinds["backbone.1"]) == ("generated", "inline")
+    assert (plan.kinds["backbone"], plan.kinds["backbone.1"]) == ("sequential", "element")
+
+
 def test_every_axis_free_gets_a_budget_from_the_static_export(monkeypatch):
     from flaxport.translate import capture, translate
 

@@ -25,11 +25,13 @@ The stages, each a module here, each reading what the one before produced
 
   preflight  the forward runs once on the example inputs
   capture    torch.export in eval, train and float64 -> Capture (graph cut into module calls)
-  plan       Plan: what each torch module becomes, each call's inputs, outputs and sizes
+  plan       Plan (never changed once made): what each torch module becomes, each call's
+             inputs, outputs and sizes
   dataflow   how values flow in one call: units, readers, what is inlined, where sizes come from
   body       one call's __call__ -> Body (its lines, the runtime pieces it asked for, its problems)
-  classes    bodies merged over modes and calls, instances grouped -> Classes (frozen)
-  emit       Plan + Classes -> the model.py text
+  classes    bodies merged over modes and calls, instances grouped -> Classes (frozen; with the
+             plan revised where rendering decides a module's kind)
+  emit       Classes' plan + Classes -> the model.py text
   proof      the translation against torch, float64 at every module boundary
   written    the files as saved, loaded with model.py's load() and run in eval and train mode
 

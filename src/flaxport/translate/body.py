@@ -60,58 +60,57 @@ class BodyRenderer:
         self.sizes_asked = sizes_asked  # the sizes calls ask their callers for (sizes.SizesAsked)
         self.added_attributes = added_attributes  # naming.AddedAttributes: dropout modules, rng streams
         self.path = class_path  # the module path this class renders (== frame.path)
+        # what the rendering writes
         self.slots: list = []
         self.helpers: set = set()
         self.problems: list = []
         self.synth: dict = {}
         self.needs_training = False
+        self.lines: list = []
+        self.decomposed: set = set()  # ops whose decomposition this body has said it writes
+        # values: names, inline expressions, multi-output results, what is defined and live
         self.names: dict = {}  # fx node -> variable name
         self.exprs: dict = {}  # fx node -> Expr for values rendered inline or precomputed
         self.multi: dict = {}  # multi-output node -> Outputs
-        self.lines: list = []
-        self.decomposed: set = set()  # ops whose decomposition this body has said it writes
-
-    # ------------------------------------------------------------------ rendering
-    def render(self) -> Body:
-        inputs, outputs = self._io(self.frame)
-        self.inputs = inputs  # in scope at every line (plan.dtype_reference)
-        self.flow = Dataflow(self.plan, self.capture, self.frame, self._io)
-        out_set = set(outputs)
-        self.current_unit = None
         self.defined: set = set()
-        # names of the inputs
-        params = self._param_names(self.frame)
-        for v, name in zip(inputs, params):
-            if isinstance(v, cap.Frame):
-                continue
-            self.names[v] = name
-        self.live = {name: math.inf for name in params}
-        self.holder = {}
+        self.holder: dict = {}  # variable name -> the value it holds now
+        # where rendering is: the unit and op being written, and the sizes read inside that op
+        self.current_unit = None
         self.current_op = None
-        self.sym_cache = {}
-        for v, name in zip(inputs, params):
+        self.sym_cache: dict = {}
+        self.inputs, self.outputs = self._io(frame)  # inputs are in scope at every line (plan.dtype_reference)
+        self.flow = Dataflow(plan, capture, frame, self._io)
+        params = self._param_names(frame)
+        for v, name in zip(self.inputs, params):
+            if not isinstance(v, cap.Frame):
+                self.names[v] = name
+        self.live = {name: math.inf for name in params}  # variable name -> the position of its last use
+        for v, name in zip(self.inputs, params):
             if not isinstance(v, str):
                 self.live[name] = math.inf if cap.is_sym(v) else self.flow.last_use(v)
         # sizes the call is given (plan._sizes_passed_in): {sympy text of the size: parameter name}
-        self.size_params = {str(v.meta["val"].node.expr): name for v, name in zip(inputs, params)
+        self.size_params = {str(v.meta["val"].node.expr): name for v, name in zip(self.inputs, params)
                             if not isinstance(v, str) and cap.is_sym(v)}
-        self._assign_names(out_set)
-        for v, name in zip(inputs, params):
+        self._assign_names(set(self.outputs))
+        for v, name in zip(self.inputs, params):
             if not isinstance(v, str):
                 self.holder[name] = v
-        self.entry = [(v, name) for v, name in zip(inputs, params) if not isinstance(v, (str, cap.Frame))]
+        self.entry = [(v, name) for v, name in zip(self.inputs, params) if not isinstance(v, (str, cap.Frame))]
         self.entry_sizes: dict = {}  # size symbol -> the name _read_at_entry read it into
         self.entry_dtypes: dict = {}  # input -> the name dtype_of read its dtype into
         self.asked: dict = {}  # size expression (text) -> the parameter the caller passes it in
+
+    # ------------------------------------------------------------------ rendering
+    def render(self) -> Body:
         for u in self.flow.units:
             self._emit(u)
-        for v in outputs:
+        for v in self.outputs:
             if v in self.flow.inline and self.flow.producer.get(v) is not None and self.flow.producer[v].kind == "op":
                 self._say_decomposed(self.flow.producer[v])
-        self.lines.append(self._return(outputs))
+        self.lines.append(self._return(self.outputs))
         params = self.capture.input_names if self.frame.parent is None else self._param_names(self.frame)
         return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
-                    list(outputs), self.problems)
+                    list(self.outputs), self.problems)
 
     def _io(self, frame):
         """plan.io(frame), with the sizes the call asks its caller for among its inputs (as str)."""
@@ -450,7 +449,7 @@ class BodyRenderer:
         return out
 
     def _return(self, outputs) -> str:
-        if self.frame.parent is None and self.plan.root_structure is not None:
+        if self.frame.parent is None:
             return "return " + self.plan.root_structure(self.capture, lambda v: self.value_as(v, "torch").text)
         if not outputs:
             return "return None"

@@ -14,6 +14,7 @@ import re
 from flaxport import runtime
 from flaxport.translate import calls
 from flaxport.translate.body import BodyRenderer
+from flaxport.translate.context import NOISE_STREAM
 from flaxport.translate.naming import AddedAttributes, free_name, safe_name
 from flaxport.translate.sizes import SizesAsked
 from flaxport.translate.plan import (MARK, VAGUE_HINTS, CallConstants, ClassDef, Instance, Line, ModeValue,
@@ -42,17 +43,16 @@ def render_bodies(work):
 
 
 def _render_every_call(work):
-    plan = work.plan
     done = []
-    for mode, capture in plan.captures.items():
+    for mode, capture in work.plan.captures.items():
         for frame in _postorder(capture.root):
-            kind = plan.kinds.get(frame.path, "generated")
+            kind = work.plan.kinds.get(frame.path, "generated")
             if kind == "sequential" and any(work.sizes_asked.of(child) for child in frame.children):
-                plan.unseal_sequential(frame.path)
+                work.plan = work.plan.unseal_sequential(frame.path)
                 # the modes rendered before this one hold calls of it too: render those now
-                for other, earlier in plan.frames_by_path.get(frame.path, []):
+                for other, earlier in work.plan.frames_by_path.get(frame.path, []):
                     if other in done:
-                        _render(work, other, plan.captures[other], earlier)
+                        _render(work, other, work.plan.captures[other], earlier)
                 kind = "generated"
             if kind in ("generated", "element"):
                 _render(work, mode, capture, frame)
@@ -318,9 +318,11 @@ def _dtype_suffix(t) -> str:
 class Classes:
     """The classes stage's result: what emit writes and what translate refuses."""
 
+    plan: object  # the plan, with the kinds of modules only rendering could decide revised
     classes: tuple  # ClassDef, dependencies first: the last is the top module's
     helpers: frozenset  # the runtime pieces their code asks for
     problems: tuple  # (what, module path, source) that cannot be translated
+    draws_noise: bool  # a class draws random numbers (torch.rand...): load() seeds a `noise` stream
 
 
 class _Work:
@@ -344,6 +346,7 @@ def build_classes(plan) -> Classes:
     work = _Work(plan)
     render_bodies(work)
     _element_functions(work)
+    plan = work.plan  # with the kinds rendering revised
     pending = []
     for path, kind in plan.kinds.items():
         if kind != "generated" or not plan.used(path) and path:
@@ -384,22 +387,22 @@ def build_classes(plan) -> Classes:
             # first (the deepest instance left has no undecided child, so some instance is always ready)
             waves = ((cls, [p for p in paths if _ready(work, p)]) for cls, paths in left.items())
             decide(*next((cls, ready) for cls, ready in waves if ready))
-    return Classes(tuple(work.classes), frozenset(work.helpers), tuple(work.problems))
+    draws_noise = any(NOISE_STREAM in inst.synth.values() for inst in work.instances.values())
+    return Classes(plan, tuple(work.classes), frozenset(work.helpers), tuple(work.problems), draws_noise)
 
 
 def _element_functions(work):
     """Functions for the parameter-free modules inside an nn.Sequential: `jax.nn.relu`, `lambda x: ...`
     (a class where the module's code is more than one expression)."""
-    plan = work.plan
-    for path, kind in plan.kinds.items():
+    for path, kind in work.plan.kinds.items():
         if kind != "element" or path in work.lambdas:
             continue
-        for mode, frame in plan.frames_by_path.get(path, []):
+        for mode, frame in work.plan.frames_by_path.get(path, []):
             body = work.bodies.get((mode, frame.key))
             if body is None:
                 continue
             if len(body.lines) != 1 or not body.lines[0].startswith("return "):
-                plan.element_as_class(path)
+                work.plan = work.plan.element_as_class(path)
                 break
             expr = MARK.sub(lambda m: repr(body.slots[int(m.group(1))][0]), body.lines[0][len("return "):])
             param = body.params[0] if body.params else "x"

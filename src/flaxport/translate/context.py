@@ -19,6 +19,9 @@ JNP_DTYPES = {"float32": "jnp.float32", "float64": "jnp.float64", "float16": "jn
 DIM_ARGS = ("dim", "dims", "dim0", "dim1", "start_dim", "end_dim", "axis", "axis0", "axis1", "source",
             "destination")
 
+# what a module that draws random numbers holds: its own fork of the model's `noise` stream
+NOISE_STREAM = "rngs.noise.fork()"
+
 
 class OpContext:
     """What an op handler sees (see flaxport.translate.ops)."""
@@ -236,7 +239,7 @@ class OpContext:
     def random_key(self) -> str:
         """A fresh key from the module's `noise` stream (one stream a module; it advances per draw)."""
         attr = self.body.added_attributes.name(self.body.frame, None, "noise")
-        self.body.synth[attr] = "rngs.noise.fork()"
+        self.body.synth[attr] = NOISE_STREAM
         return f"self.{attr}()"
 
     def submodule(self, base: str, constructor: str) -> Expr:

@@ -137,7 +137,6 @@ def module_source(plan, classes, header: str, conv: str = "xla") -> str:
     """The whole model.py text of `classes` (classes.Classes); conv="native": convolutions on
     flaxport's kernels where installed."""
     class_texts = [class_source(c) for c in classes.classes]
-    body_text = "\n".join(class_texts)
     # What the handlers and layers wrote asked for its pieces as it was written (classes.helpers).
     loader_pieces = {"read_safetensors"} | ({"columns_channels_last"} if plan.flat_weights else set())
     # a base class is needed where the classes are defined; the rest of the runtime follows them
@@ -148,7 +147,7 @@ def module_source(plan, classes, header: str, conv: str = "xla") -> str:
     root = classes.classes[-1].name
     set_variable = SET_VARIABLE_COLUMNS if plan.flat_weights else SET_VARIABLE
     loader = LOADER.replace("{root}", root).replace("{set_variable}", set_variable)
-    if "rngs.noise.fork()" in body_text:
+    if classes.draws_noise:
         loader = loader.replace("{draws}", "its random draws and dropout use streams")
         loader = loader.replace("{streams}", "params=0, dropout=seed, noise=seed")
     else:

@@ -19,11 +19,13 @@ attribute when one holds those values (`self.stride`), else after the argument t
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import math
 import re
 from collections import Counter
+from types import MappingProxyType
 
 from flaxport.translate import capture as cap
 from flaxport.translate import layers as layer_table
@@ -131,15 +133,13 @@ class Plan:
         self._io: dict = {}
         self._calls: dict = {}  # id(capture) -> _calls_by_home
         self._eval_frames = {f.key: f for f in captures["eval"].root.walk()} if "eval" in captures else {}
-        # torch path -> what it becomes: layer, generated, sequential, container, inline, element, unused
-        self.kinds: dict = {}
         self.specs: dict = {}  # torch path -> the runtime layer's LayerSpec, for each "layer"
         self._const_names: dict = {}
         # twins (one op in other captures of the forward) by key: node names shift between modes
         self._by_key = {mode: {cap.twin_key(n): n for n in c.graph.nodes} for mode, c in captures.items()}
         self._f64_by_key = {cap.twin_key(n): n for n in f64.graph.nodes} if f64 is not None else {}
-        self.root_structure = self._root_structure
-        self._decide_kinds()
+        # torch path -> what it becomes: layer, generated, sequential, container, inline, element, unused
+        self.kinds = self._decide_kinds()
         self.layouts = {mode: {} for mode in captures}
         # Layout assignment sees every flatten as reading torch's layout; only once the layouts
         # are known can a flatten feeding a Linear be found and written channels-last.
@@ -154,7 +154,7 @@ class Plan:
                     self._name_constant(c, node)
 
     # ------------------------------------------------------------------ kinds
-    def _decide_kinds(self):
+    def _decide_kinds(self) -> MappingProxyType:
         from torch import nn
 
         read = set()  # modules whose parameters or buffers the graphs read directly
@@ -163,6 +163,7 @@ class Plan:
                 if ph.kind in ("param", "buffer") and node.users:
                     read.add(ph.target.rsplit(".", 1)[0] if "." in ph.target else "")
         self._read = read
+        kinds = {}
         for path, m in self.modules.items():
             frames = [f for _, f in self.frames_by_path.get(path, [])]
             if path == "":
@@ -183,26 +184,35 @@ class Plan:
                     # the module: timm's rotary embedding `self.rope.get_embed()`) holds them: a class
                     # with only a constructor
                     kind = "generated" if frames or self.used(path) else "unused"
-            self.kinds[path] = kind
+            kinds[path] = kind
         # inline modules inside a called Sequential are elements of it: rendered as functions
-        for path, kind in list(self.kinds.items()):
+        for path, kind in list(kinds.items()):
             parent = path.rsplit(".", 1)[0] if "." in path else ""
-            if path and kind == "inline" and self.kinds.get(parent) == "sequential":
-                self.kinds[path] = "element"
+            if path and kind == "inline" and kinds.get(parent) == "sequential":
+                kinds[path] = "element"
+        return MappingProxyType(kinds)
 
-    def unseal_sequential(self, path):
+    def unseal_sequential(self, path) -> "Plan":
         """An nn.Sequential one of whose elements asks its caller for sizes (timm's MaxPool2dSame
         pads by amounts computed from the image size): nnx.Sequential passes one value along, so
-        it becomes a class of its own that calls its elements in order, passing the sizes."""
-        self.kinds[path] = "generated"
-        for child, kind in list(self.kinds.items()):
+        it becomes a class of its own that calls its elements in order, passing the sizes.
+        -> the plan with that kind (rendering shows it; this plan is unchanged)"""
+        kinds = dict(self.kinds, **{path: "generated"})
+        for child, kind in self.kinds.items():
             if kind == "element" and child.rpartition(".")[0] == path:
-                self.kinds[child] = "inline"
+                kinds[child] = "inline"
+        return self._with_kinds(kinds)
 
-    def element_as_class(self, path):
+    def element_as_class(self, path) -> "Plan":
         """An element of an nn.Sequential whose code is more than one expression (LocalResponseNorm)
-        is a class of its own, not a function."""
-        self.kinds[path] = "generated"
+        is a class of its own, not a function. -> the plan with that kind (this plan is unchanged)"""
+        return self._with_kinds(dict(self.kinds, **{path: "generated"}))
+
+    def _with_kinds(self, kinds: dict) -> "Plan":
+        plan = copy.copy(self)
+        plan.kinds = MappingProxyType(kinds)
+        plan._io = {}  # a call's inputs and outputs follow its children's kinds
+        return plan
 
     def kind(self, frame_or_path) -> str:
         path = frame_or_path if isinstance(frame_or_path, str) else frame_or_path.path
@@ -707,7 +717,7 @@ class Plan:
         return None
 
     # ------------------------------------------------------------------ root outputs
-    def _root_structure(self, capture, render) -> str:
+    def root_structure(self, capture, render) -> str:
         """The forward's output structure (tuple, list, dict; a HF ModelOutput as a tuple)."""
         leaves = iter(capture.outputs)
 

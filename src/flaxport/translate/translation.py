@@ -79,8 +79,8 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "native",
                 raise
             notes.append(f"{mode} mode could not be captured ({e}); the model is translated in {primary} mode only")
     captures = dict(sorted(captures.items(), key=lambda kv: kv[0] != "eval"))
-    plan = Plan(module, captures, f64, layout=layout, example=(args, kwargs))
-    classes = build_classes(plan)
+    classes = build_classes(Plan(module, captures, f64, layout=layout, example=(args, kwargs)))
+    plan = classes.plan
     if classes.problems:
         raise UnsupportedOpsError(list(classes.problems))
     source = module_source(plan, classes, _header(module, captures, plan.flat_weights, conv), conv)
