@@ -148,18 +148,17 @@ def test_weight_norm_keeps_torchs_names_and_state_dict():
         np.testing.assert_array_equal(got[name], value.numpy(), err_msg=name)
 
 
-def test_sizes_come_from_the_arrays_at_hand_and_each_op_runs_once():
-    """The attention's sequence length, (H // 4) * (W // 4) + 1 of the image, is read from the
-    arrays the attention holds (no image sizes passed in); the packed projection is split once
-    into named parts; the model runs on another image size."""
+def test_multihead_attention_is_called_as_the_user_called_it_on_any_sequence_length():
+    """nn.MultiheadAttention is the runtime's layer, built and called with torch's arguments as the
+    source wrote them (three arrays: the general path), whatever the sequence length, here (H // 4)
+    * (W // 4) + 1 of the image: the model runs on another image size."""
     import jax.numpy as jnp
 
     module, inputs, t = zoo.translated("patches")
     src = t.source
-    assert "    def __call__(self, query, key, value):" in src, src
-    assert "a = self.attn(self.ln(h), self.ln(h), self.ln(h))" in src
-    assert "_, _, _ =" not in src and src.count("jnp.split(self.in_proj_weight[...], 3, axis=0)") == 1
-    assert "size" not in src[src.index("class MultiheadAttention"):src.index("def load(")]
+    assert "self.attn = MultiheadAttention(16, 2, batch_first=True, rngs=rngs)" in src, src
+    assert "a, _ = self.attn(self.ln(h), self.ln(h), self.ln(h), need_weights=False)" in src, src
+    assert src.index("class MultiheadAttention(nnx.Module):") > src.index("def load(")  # the runtime's, copied
     x = torch.randn(3, 3, 8, 12)  # 2 x 3 patches: a sequence of 7
     with torch.no_grad():
         want = module(x).numpy()

@@ -6,6 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
+from flaxport.translate import marks  # noqa: E402
+
 aten = torch.ops.aten
 G = torch.Generator().manual_seed(0)
 
@@ -674,6 +676,10 @@ CASES += [
     ("size_int", aten.size.int, (r(3, 4), 1), {}),
     ("resize_shrinks", aten.resize.default, (r(3, 4), [2, 5]), {}),
 ]
+# the capture's tags of a layer's call (translate/marks.py): identities wherever they are written out
+CALL_ARGUMENT, CALL_RESULT = marks.ops()
+CASES += [("call_argument", CALL_ARGUMENT, (r(3, 4), "query", "{'need_weights': False}"), {}),
+          ("call_result", CALL_RESULT, (r(2, 5), 1), {})]
 # uninitialised in torch: compared on shape and dtype (test_uninitialised_ops_make_the_shape_and_dtype)
 UNINITIALISED = [("empty_strided", aten.empty_strided.default, ([2, 3], [3, 1]), {}),
                  ("empty_permuted", aten.empty_permuted.default, ([2, 3, 4], [0, 2, 1]), {}),

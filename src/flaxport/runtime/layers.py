@@ -15,7 +15,8 @@ from flax import nnx
 from jax import lax
 
 from flaxport.runtime.functions import (_channels_first, _channels_last, batch_norm_channels_last, conv,
-                                        conv_transpose, group_norm, gru_scan, layer_norm, lstm_scan, rnn_scan)
+                                        conv_transpose, group_norm, gru_scan, layer_norm, lstm_scan, rnn_scan,
+                                        scaled_dot_product_attention)
 
 
 class Buffer(nnx.Variable):
@@ -325,6 +326,117 @@ class RNN(_RNNBase):
 
     def _scan(self, xw, w_hh, b_hh, h, reverse):
         return rnn_scan(xw, w_hh, b_hh, h, self.nonlinearity, reverse=reverse)
+
+
+class MultiheadAttention(nnx.Module):
+    """torch.nn.MultiheadAttention, with its parameter names: `in_proj_weight` (3E, E) (or
+    `q_proj_weight`, `k_proj_weight` (E, kdim), `v_proj_weight` (E, vdim) where the key or value
+    width differs), `in_proj_bias` (3E), `out_proj`, `bias_k` / `bias_v` (1, 1, E).
+
+    Masks as torch reads them: a boolean mask is True where attention is NOT allowed, a float
+    mask is added to the scores; `key_padding_mask` (N, S), `attn_mask` (L, S) or (N * heads, L, S).
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, *, rngs):
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
+        self.batch_first, self.add_zero_attn = batch_first, add_zero_attn
+        def xavier(rows, cols):  # torch's xavier_uniform_
+            return nnx.Param(_uniform(rngs, (rows, cols), math.sqrt(6 / (rows + cols))))
+
+        if self.kdim == embed_dim and self.vdim == embed_dim:
+            self.in_proj_weight = xavier(3 * embed_dim, embed_dim)
+        else:
+            self.q_proj_weight = xavier(embed_dim, embed_dim)
+            self.k_proj_weight = xavier(embed_dim, self.kdim)
+            self.v_proj_weight = xavier(embed_dim, self.vdim)
+        self.in_proj_bias = nnx.Param(jnp.zeros((3 * embed_dim,))) if bias else nnx.data(None)
+        self.out_proj = Linear(embed_dim, embed_dim, bias, rngs=rngs)
+        if bias:
+            self.out_proj.bias = nnx.Param(jnp.zeros((embed_dim,)))
+        for name in ("bias_k", "bias_v"):  # torch's xavier_normal_ on (1, 1, E): std sqrt(1 / E)
+            normal = jax.random.normal(rngs.params(), (1, 1, embed_dim)) * math.sqrt(1 / embed_dim)
+            setattr(self, name, nnx.Param(normal) if add_bias_kv else nnx.data(None))
+        self.attention_dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    def __call__(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                 average_attn_weights=True, is_causal=False):
+        """query (L, N, E), key (S, N, kdim), value (S, N, vdim); (N, L, E)... where batch_first;
+        (L, E)... unbatched -> (attn_output like query, attention weights (N, L, S) averaged over
+        heads or (N, heads, L, S); None where need_weights is False)."""
+        batched = query.ndim == 3
+        if not batched:  # one sequence: a batch of one, axis 1
+            query, key, value = query[:, None], key[:, None], value[:, None]
+            key_padding_mask = None if key_padding_mask is None else key_padding_mask[None]
+        elif self.batch_first:
+            query, key, value = (jnp.swapaxes(a, 0, 1) for a in (query, key, value))
+        if is_causal and attn_mask is None:
+            raise ValueError("MultiheadAttention: is_causal needs attn_mask, as in torch")
+        length, batch, _ = query.shape
+        q, k, v = self._project(query, key, value)  # (L, N, E), (S, N, E), (S, N, E)
+        causal = is_causal and key_padding_mask is None and not need_weights  # torch: the mask is only a hint
+        mask = None if causal else _additive(attn_mask, q.dtype)
+        if mask is not None:  # (L, S), (1, L, S) or (N * heads, L, S) -> (1 or N, 1 or heads, L, S)
+            mask = mask.reshape(1, 1, *mask.shape[-2:]) if mask.ndim == 2 or mask.shape[0] == 1 else \
+                mask.reshape(batch, self.num_heads, *mask.shape[-2:])
+        padding = _additive(key_padding_mask, q.dtype)
+        if self.bias_k is not None:  # a learned key and value appended to every sequence
+            k = jnp.concatenate([k, jnp.broadcast_to(self.bias_k[...], (1, batch, self.embed_dim))])
+            v = jnp.concatenate([v, jnp.broadcast_to(self.bias_v[...], (1, batch, self.embed_dim))])
+            mask, padding = _one_more_key(mask), _one_more_key(padding)
+        q, k, v = (self._split_heads(a) for a in (q, k, v))  # (N, heads, L or S, head_dim)
+        if self.add_zero_attn:  # a zero key and value appended after the projections
+            k = jnp.concatenate([k, jnp.zeros_like(k[:, :, :1])], axis=2)
+            v = jnp.concatenate([v, jnp.zeros_like(v[:, :, :1])], axis=2)
+            mask, padding = _one_more_key(mask), _one_more_key(padding)
+        if padding is not None:
+            padding = padding[:, None, None, :]  # (N, 1, 1, S)
+            mask = padding if mask is None else mask + padding
+        if need_weights:
+            scores = (q * math.sqrt(1.0 / self.head_dim)) @ jnp.swapaxes(k, -1, -2)
+            weights = jax.nn.softmax(scores if mask is None else scores + mask, axis=-1)
+            # dropped over (N * heads, L, S) as torch drops them (its masks replay in the proof), and
+            # returned after dropout as torch returns them
+            weights = self.attention_dropout(weights.reshape(-1, *weights.shape[2:])).reshape(weights.shape)
+            attn = weights @ v
+        else:
+            attn = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                dropout=self.attention_dropout)
+        attn = attn.transpose(2, 0, 1, 3).reshape(length, batch, self.embed_dim)  # heads merged: (L, N, E)
+        out = self.out_proj(attn)
+        if not batched:
+            out = out[:, 0]
+        elif self.batch_first:
+            out = jnp.swapaxes(out, 0, 1)
+        if not need_weights:
+            return out, None
+        weights = weights.mean(axis=1) if average_attn_weights else weights
+        return out, weights if batched else weights[0]
+
+    def _project(self, query, key, value):
+        bias = [None] * 3 if self.in_proj_bias is None else jnp.split(self.in_proj_bias[...], 3)
+        if self.kdim == self.embed_dim and self.vdim == self.embed_dim:
+            weights = jnp.split(self.in_proj_weight[...], 3)
+        else:
+            weights = [self.q_proj_weight[...], self.k_proj_weight[...], self.v_proj_weight[...]]
+        return [x @ w.T if b is None else x @ w.T + b for x, w, b in zip((query, key, value), weights, bias)]
+
+    def _split_heads(self, x):
+        """(T, N, E) -> (N, heads, T, head_dim)."""
+        return x.reshape(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2, 0, 3)
+
+
+def _additive(mask, dtype):
+    """A torch attention mask as scores to add: True (not allowed) -> -inf, a float mask as it is."""
+    if mask is None or mask.dtype != jnp.bool_:
+        return mask
+    return jnp.where(mask, -jnp.inf, 0.0).astype(dtype)
+
+
+def _one_more_key(mask):
+    """A mask over keys (..., S) for S + 1 keys: the appended one allowed."""
+    return None if mask is None else jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, 1)])
 
 
 def _ntuple(v, n):

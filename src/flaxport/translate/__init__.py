@@ -24,7 +24,8 @@ The stages, each a module here, each reading what the one before produced
 (docs/architecture.md has the whole picture):
 
   preflight  the forward runs once on the example inputs
-  capture    torch.export in eval, train and float64 -> Capture (graph cut into module calls)
+  capture    torch.export in eval, train and float64 -> Capture (graph cut into module calls;
+             marks tags the calls of layers written as the user called them)
   plan       Plan (never changed once made): what each torch module becomes, each call's
              inputs, outputs and sizes
   dataflow   how values flow in one call: units, readers, what is inlined, where sizes come from

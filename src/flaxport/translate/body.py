@@ -16,6 +16,7 @@ import dataclasses
 import math
 
 from flaxport.translate import capture as cap
+from flaxport.translate import marks
 from flaxport.translate import ops as oplib
 from flaxport.translate import source as src
 from flaxport.translate.context import OpContext
@@ -146,7 +147,7 @@ class BodyRenderer:
             wanted = {}
             u0 = members[0][0]
             spec = self.plan.specs.get(u0.frame.path) if u0.kind == "call" else None
-            if spec is not None and spec.core and targets:
+            if spec is not None and spec.core and targets and all(v in u0.outputs for v in values):
                 for v in values:
                     position = spec.outputs[v.args[1]][1]
                     together = sorted(i for i, (_, p) in spec.outputs.items() if p == position)
@@ -384,9 +385,31 @@ class BodyRenderer:
             return Expr(f"unsupported_{safe_name(u.frame.path)}()")
         attr = self.plan.attr_expr(self.path, u.frame.path)
         spec = self.plan.specs.get(u.frame.path)
+        if spec is not None and spec.marked:
+            return Expr(f"{attr}({', '.join(self._as_called(u))})")
         if spec is not None and spec.state > 1 and len(args) == 1 + spec.state:  # given its state: as one tuple
             args = [args[0], self._whole_input(args[1:]) or f"({', '.join(args[1:])})"]
         return Expr(f"{attr}({', '.join(args)})")
+
+    def _as_called(self, u) -> list:
+        """The arguments of a tagged call (marks.py) as the user passed them: the forward's
+        parameters without a default by position, the others by name where not at their default."""
+        import inspect
+
+        given, literals = dict(marks.arguments(u.frame)), marks.literals(u.frame)
+        saved, self.current_unit = self.current_unit, u
+        out = []
+        for name, parameter in list(inspect.signature(type(u.frame.module).forward).parameters.items())[1:]:
+            if name in given:
+                wanted = self.plan.call_wanted(self.capture, u.frame, given[name])
+                text = self.value_as(given[name], wanted).text
+            elif name in literals and literals[name] != parameter.default:
+                text = repr(literals[name])
+            else:
+                continue
+            out.append(text if parameter.default is inspect.Parameter.empty else f"{name}={text}")
+        self.current_unit = saved
+        return out
 
     def _whole_input(self, items) -> str | None:
         """`state` where items are `state[0]`, `state[1]`, ... and that is the whole of the forward's

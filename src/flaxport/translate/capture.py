@@ -27,6 +27,8 @@ import time
 import warnings
 
 from flaxport.port.weights import set_torch_mode
+from flaxport.translate import layers as layer_table
+from flaxport.translate import marks
 from flaxport.translate.decompose import decompose
 from flaxport.translate.errors import ExportError, TranslateError
 from flaxport.translate.regions import splice_regions
@@ -295,7 +297,7 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
         m = m.to(dtype)
         args, kwargs = cast_floating((tuple(args), dict(kwargs)), dtype)
     started = time.process_time()
-    with torch.no_grad():
+    with torch.no_grad(), marks.marking(m, layer_table.marks_calls):
         program, is_dynamic = export_program(m, args, kwargs, dynamic=dynamic,
                                              budget=dynamic_budget(reference and reference.export_seconds))
     export_seconds = time.process_time() - started

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from flaxport.translate import capture as cap
+from flaxport.translate import marks
 from flaxport.translate import source as src
 
 # Ops whose handlers read sizes from their output's or inputs' shapes.
@@ -140,6 +141,10 @@ class Dataflow:
             return bool(u.stmt and u.stmt.is_return) and v in out_set and len(self._io(self.frame)[1]) == 1
         if user.key != u.key or user.kind == "update" and False:
             return False
+        if user.kind == "call" and self.plan.specs.get(user.frame.path) is not None and \
+                self.plan.specs[user.frame.path].marked and \
+                [value for _, value in marks.arguments(user.frame)].count(v) > 1:
+            return False  # `attn(h, h, h)`: one name, not the expression three times
         if user.kind == "op" and self.plan.flattens_channels_last(self.capture, user.node):
             return False  # the flatten checks its (H, W) on a name: `assert h.shape[1:3] == ...`
         if user.kind == "op" and isinstance(user.node.meta.get("val"), (list, tuple)) and \

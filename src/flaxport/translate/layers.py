@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from flaxport.translate import marks
+
 
 @dataclasses.dataclass
 class LayerSpec:
@@ -19,6 +21,7 @@ class LayerSpec:
     outputs: dict = dataclasses.field(default_factory=dict)  # core-op getitem index -> (access, top-level position)
     core: str = ""  # the op whose getitems are the outputs (multi-output layers)
     state: int = 1  # tensors torch takes as its one state argument (LSTM's (h, c): 2)
+    marked: bool = False  # called as the user called it: arguments and results tagged (marks.py)
 
 
 POSITIONAL = "<positional>"
@@ -81,6 +84,13 @@ def _rnn_tanh_or_relu(m):
     return args[:3] + [("nonlinearity", m.nonlinearity, "tanh")] + args[3:]
 
 
+def _multihead_attention(m):
+    return [("embed_dim", m.embed_dim, POSITIONAL), ("num_heads", m.num_heads, POSITIONAL),
+            ("dropout", float(m.dropout), 0.0), ("bias", m.in_proj_bias is not None, True),
+            ("add_bias_kv", m.bias_k is not None, False), ("add_zero_attn", m.add_zero_attn, False),
+            ("kdim", m.kdim, m.embed_dim), ("vdim", m.vdim, m.embed_dim), ("batch_first", m.batch_first, False)]
+
+
 def _dropout(m):
     return [("rate", float(m.p), POSITIONAL)]
 
@@ -117,6 +127,10 @@ def specs() -> dict:
                           {0: ("[0]", 0), 1: ("[1]", 1)}, "aten.gru.input"),
         nn.RNN: LayerSpec("RNN", _rnn_tanh_or_relu, frozenset({"aten.rnn_tanh.input", "aten.zeros.default", "getitem"}),
                           {0: ("[0]", 0), 1: ("[1]", 1)}, "aten.rnn_tanh.input"),
+        # the whole forward, whatever ops its options capture; its results (out, weights) by position
+        nn.MultiheadAttention: LayerSpec("MultiheadAttention", _multihead_attention, frozenset(),
+                                         {0: ("[0]", 0), 1: ("[1]", 1)}, marks.RESULT,
+                                         marked=True),
         nn.Dropout: LayerSpec("nnx.Dropout", _dropout, _DROPOUT_OPS),
         nn.Dropout1d: LayerSpec("nnx.Dropout", _dropout, _DROPOUT_OPS),
         nn.Dropout2d: LayerSpec("nnx.Dropout", _dropout, _DROPOUT_OPS),
@@ -147,12 +161,21 @@ def layer_spec(module, frames) -> LayerSpec | None:
         return None
     if isinstance(module, nn.LayerNorm) and not module.elementwise_affine and getattr(module, "bias", POSITIONAL):
         return None
+    if spec.marked:  # every call captured with its tags
+        return spec if frames and all(marks.arguments(f) for f in frames) else None
     for frame in frames:
         for node in frame.all_nodes():
             name = "getitem" if "getitem" in str(node.target) else str(node.target)
             if name not in spec.ops and not _is_sym(node):
                 return None
     return spec
+
+
+def marks_calls(module) -> bool:
+    """Is `module` a layer whose calls the capture tags (marks.py), to be called as the user did?"""
+    table = specs()
+    base = next((c for c in type(module).__mro__ if c in table), None)
+    return base is not None and table[base].marked and type(module).forward is base.forward
 
 
 def _unbatched(module, frames) -> bool:

@@ -29,6 +29,7 @@ from types import MappingProxyType
 
 from flaxport.translate import capture as cap
 from flaxport.translate import layers as layer_table
+from flaxport.translate import marks
 from flaxport.translate import source as src
 from flaxport.translate.naming import NNX_RESERVED, free_name, safe_name
 
@@ -382,7 +383,9 @@ class Plan:
         if self.f64 is not None and capture is self.f64:
             outputs = self._in_translation_order(frame, outputs)
         spec = self.specs.get(frame.path)
-        if spec is not None and spec.core:
+        if spec is not None and spec.marked:  # what the call was given, in the forward's order
+            inputs = list(dict.fromkeys(value for _, value in marks.arguments(frame)))
+        elif spec is not None and spec.core:
             inputs = self._layer_inputs(frame, spec, inputs)
         else:
             inputs += self._sizes_passed_in(frame, inputs, sizes)

@@ -33,6 +33,7 @@ from flaxport.port.dropout import DropoutLog, DropoutMismatchError, FlaxMasks, g
 from flaxport.port.parity import ParityReport, Row, compare
 from flaxport.port.report import SENSITIVE
 from flaxport.port.weights import set_torch_mode
+from flaxport.translate import marks
 from flaxport.translate.capture import cast_floating
 from flaxport.translate.sensitivity import MARGIN, NUDGE, torch_spread
 
@@ -352,7 +353,7 @@ def _frame_values(plan, frame, values) -> list:
         order = {0: [0], 1: [1], 2: [2]}  # leaves of (out, (h, c)) / (out, h): in core-op order
         out = []
         for node in outputs:
-            idx = node.args[1] if "getitem" in str(node.target) else 0
+            idx = node.args[1] if "getitem" in str(node.target) or marks.position(node) is not None else 0
             out.append(values[order[idx][0]] if idx < len(values) else None)
         return out
     return [values[i] if i is not None and i < len(values) else None for i in plan.translation_positions(frame)]

@@ -87,7 +87,8 @@ def unfold(c, node):
 
 
 @op("aten.alias.default", "aten.alias_copy.default", "aten.clone.default", "aten.lift_fresh_copy.default",
-    "aten.positive.default", "aten.resolve_conj.default", "aten.resolve_neg.default", "aten.contiguous.default")
+    "aten.positive.default", "aten.resolve_conj.default", "aten.resolve_neg.default", "aten.contiguous.default",
+    "flaxport.call_argument.default", "flaxport.call_result.default")  # the capture's tags (translate/marks.py)
 def alias(c, node):
     return c.x("self")
 
