@@ -302,10 +302,40 @@ def test_translate_leaves_the_torch_module_as_it_found_it():
     module, inputs = zoo.make("gan_d")
     module.train()
     before = {k: v.clone() for k, v in module.state_dict().items()}
+    generator = torch.get_rng_state()
     t = translate(module, *inputs)
     assert module.training and t.mode == "train"
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), generator)  # its train-mode runs draw from a fork
     assert json.loads(t.report.to_json())["ok"]
+
+
+class BFloat16Constant(torch.nn.Module):
+    """A constant torch keeps in bfloat16 (HF RecurrentGemma's embedding normaliser), which NumPy lacks."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("normalizer", torch.tensor(4.0 ** 0.5, dtype=torch.bfloat16), persistent=False)
+
+    def forward(self, x):
+        return self.linear(x) * self.normalizer.type(x.dtype)
+
+
+def test_a_bfloat16_buffer_stays_bfloat16_in_the_model_and_its_weights_file(tmp_path):
+    import jax.numpy as jnp
+
+    from flaxport.runtime.loader import read_safetensors
+    from flaxport.translate import translate
+    from flaxport.translate.written import check_written
+
+    module = BFloat16Constant().eval()
+    t = translate(module, torch.randn(3, 4))
+    assert t.report.ok, str(t.report)
+    t.save(tmp_path / "o")
+    arrays, _ = read_safetensors(tmp_path / "o" / "weights.safetensors")
+    assert arrays["normalizer"].dtype == jnp.bfloat16 and float(arrays["normalizer"]) == 2.0
+    assert check_written(t, module, tmp_path / "o").problem == ""
 
 
 def test_cnn_translation_matches_the_hand_written_flax_cnn():

@@ -99,3 +99,26 @@ def test_torchs_transformer_calls_each_attention_as_torch_does(tmp_path):
     own = _own_code(t.source)
     assert "self.self_attn = MultiheadAttention(16, 2, dropout=0.1, rngs=rngs)" in own, own
     assert "self.multihead_attn(x, memory, memory, need_weights=False)" in own, own  # cross attention
+
+
+class CausalEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, x, pad):
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.encoder(x, mask=mask, src_key_padding_mask=pad, is_causal=True)
+
+
+def test_each_array_a_call_is_given_takes_the_name_of_the_argument_it_came_in_as(tmp_path):
+    """TransformerEncoderLayer first reads `src` through `x = src`, on a line naming only the masks:
+    the eager run's record of each call names the arrays, so no parameter carries another's name."""
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    t = _proved(CausalEncoder().eval(), torch.randn(2, 5, 16), pad, directory=tmp_path / "encoder")
+    own = _own_code(t.source)
+    assert "def __call__(self, src, src_key_padding_mask, src_mask):" in own, own
+    assert "key_padding_mask=src_key_padding_mask" in own and "attn_mask=src_mask" in own, own
+    assert "def __call__(self, src_key_padding_mask, src, mask):" in own, own  # TransformerEncoder's

@@ -706,6 +706,8 @@ RANDOM_CASES = [
     ("randn_like", aten.randn_like.default, (r(*N),), {}),
     ("randn_like_float64", aten.randn_like.default, (r(*N),), {"dtype": torch.float64}),
     ("rand", aten.rand.default, (list(N),), {}),
+    ("randn_generator", aten.randn.generator, (list(N),), {"generator": torch.Generator().manual_seed(3)}),
+    ("rand_generator", aten.rand.generator, (list(N),), {"generator": torch.Generator().manual_seed(4)}),
     ("rand_like", aten.rand_like.default, (r(*N),), {}),
     ("uniform", aten.uniform.default, (r(*N), -2.0, 3.0), {}),
     ("normal_functional", aten.normal_functional.default, (r(*N), 1.5, 2.0), {}),

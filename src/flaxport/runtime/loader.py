@@ -8,13 +8,14 @@ import json
 import math
 import os
 
+import jax.numpy as jnp
 import numpy as np
 
 
 def _safetensors_dtypes():
     return {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
             "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
-            "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_)}
+            "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_), "BF16": np.dtype(jnp.bfloat16)}
 
 
 def read_safetensors(path):

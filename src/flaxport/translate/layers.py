@@ -19,7 +19,7 @@ class LayerSpec:
     args: callable  # module -> [(name, value, default)]; default POSITIONAL: always passed, by position
     ops: frozenset  # ATen ops allowed in its frame
     outputs: dict = dataclasses.field(default_factory=dict)  # core-op getitem index -> (access, top-level position)
-    core: str = ""  # the op whose getitems are the outputs (multi-output layers)
+    core: str = ""  # multi-output layers: the op whose getitems are the outputs (or marks.RESULT: the tagged results)
     state: int = 1  # tensors torch takes as its one state argument (LSTM's (h, c): 2)
     marked: bool = False  # called as the user called it: arguments and results tagged (marks.py)
 

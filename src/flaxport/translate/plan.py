@@ -27,6 +27,7 @@ import re
 from collections import Counter
 from types import MappingProxyType
 
+from flaxport.translate import arguments
 from flaxport.translate import capture as cap
 from flaxport.translate import layers as layer_table
 from flaxport.translate import marks
@@ -133,6 +134,7 @@ class Plan:
         self.aliases = _aliases(module)  # tied weights: every name of one tensor
         self._io: dict = {}
         self._calls: dict = {}  # id(capture) -> _calls_by_home
+        self._recorded: dict = {}  # mode -> arguments.recorded_calls, made when a name is first asked for
         self._eval_frames = {f.key: f for f in captures["eval"].root.walk()} if "eval" in captures else {}
         self.specs: dict = {}  # torch path -> the runtime layer's LayerSpec, for each "layer"
         self._const_names: dict = {}
@@ -557,19 +559,32 @@ class Plan:
         return names
 
     def _guess_param_names(self, frame, inputs) -> list:
-        """The forward's own parameter names, matched by the source line that first reads each input."""
+        """The forward's own parameter names: the argument the call was given each input as, where
+        the eager run tells (arguments.py), else the source line that first reads it."""
         cls = type(frame.module)
         params = src.forward_parameters(cls)
         file = src.class_file(cls)
+        call = self._recorded_call(frame)
         names = []
         for v in inputs:
-            names.append(_reading_parameter(frame, v, params, file, names, inputs))
+            name = arguments.parameter_of(v, call, names) if call else None
+            names.append(name if name in params else _reading_parameter(frame, v, params, file, names, inputs))
         out = []
         for i, name in enumerate(names):
             if name is None:
                 name = next((p for p in params if p not in names and p not in out), None) or ("x" if i == 0 else f"x{i}")
             out.append(safe_name(name))
         return out
+
+    def _recorded_call(self, frame) -> dict | None:
+        """The eager run's record of this call ({parameter: (shape, kind, id)}), None where the run's
+        calls of the module do not line up with the capture's."""
+        mode = self._capture_of(frame).mode
+        if mode not in self._recorded:
+            self._recorded[mode] = arguments.recorded_calls(self.module, self.example, mode == "train")
+        calls = self._recorded[mode].get(frame.path, [])
+        captured = [f for m, f in self.frames_by_path.get(frame.path, []) if m == mode]
+        return calls[frame.call_index] if len(calls) == len(captured) and frame.call_index < len(calls) else None
 
     # ------------------------------------------------------------------ state
     def placeholder_name(self, capture, node) -> str:

@@ -399,8 +399,13 @@ def abstract_model(cls, seed: int = 0):
 
 
 def _np(v) -> np.ndarray:
+    """A tensor's values as NumPy, in its dtype (bfloat16 as JAX's, which NumPy lacks)."""
     if hasattr(v, "detach"):
         v = v.detach().cpu()
+        if str(v.dtype) == "torch.bfloat16":
+            import jax.numpy as jnp
+
+            return v.float().numpy().astype(jnp.bfloat16)
         return v.numpy().copy()
     return np.asarray(v)
 

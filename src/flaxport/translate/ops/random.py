@@ -50,8 +50,8 @@ def _shape_of(c, name) -> str:
     return f"{_like(c, name).at(100)}.shape"
 
 
-@op("aten.randn.default", "aten.rand.default")
-def randn(c, node):
+@op("aten.randn.default", "aten.rand.default", "aten.randn.generator", "aten.rand.generator")
+def randn(c, node):  # a torch.Generator argument: the draw comes from the module's stream all the same
     sampler = "jax.random.normal" if "randn" in str(node.target) else "jax.random.uniform"
     return call(sampler, c.random_key(), c.size("size"), dtype=_dtype(c))
 

@@ -1,0 +1,85 @@
+"""Which forward parameter each array a module call reads came in as, from one eager run.
+
+The capture knows what a call reads, not how it was called: TransformerEncoderLayer's `src` is
+first read through `x = src` on a line naming only `src_mask` and `src_key_padding_mask`. An eager
+run of the model (a copy, in the capture's mode) records each call's tensor arguments: their
+parameter, shape, kind and identity (one tensor passed as `query`, `key` and `value` is one
+array). A call's input whose shape and kind one argument alone has (or one tensor passed under
+several names) is named after that parameter; the plan falls back to reading the source where
+this leaves a choice.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+
+
+def recorded_calls(module, example, train: bool) -> dict:
+    """{module path: [{parameter: (shape, kind, tensor id)} per call, in call order]} for every
+    submodule with a forward of its own and one path ({} where the model does not run again)."""
+    import torch
+
+    from flaxport.port.weights import set_torch_mode
+
+    # the copy shares the parameters, not the buffers a train-mode forward writes (BatchNorm's statistics)
+    model = set_torch_mode(copy.deepcopy(module, {id(p): p for p in module.parameters()}), train)
+    paths: dict = {}
+    for path, sub in model.named_modules(remove_duplicate=False):
+        paths.setdefault(id(sub), []).append(path)
+    calls: dict = {}
+    handles = []
+    for sub in model.modules():
+        if len(paths[id(sub)]) != 1 or not path_worth_recording(sub):
+            continue
+        signature = inspect.signature(type(sub).forward)
+
+        def record(mod, args, kwargs, path=paths[id(sub)][0], signature=signature):
+            try:
+                bound = signature.bind(mod, *args, **kwargs).arguments
+            except TypeError:
+                return
+            calls.setdefault(path, []).append(
+                {name: (tuple(v.shape), _kind(v), id(v)) for name, v in bound.items() if torch.is_tensor(v)})
+
+        handles.append(sub.register_forward_pre_hook(record, with_kwargs=True))
+    try:
+        with torch.no_grad(), torch.random.fork_rng():  # its dropout leaves torch's generator where it was
+            model(*example[0], **example[1])
+    except Exception:  # noqa: BLE001 - a model that will not run again keeps the names read from source
+        return {}
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+def path_worth_recording(module) -> bool:
+    """A module whose calls may become a generated class's: not a parameter-free torch module."""
+    return type(module).__module__.split(".")[:2] != ["torch", "nn"] or any(True for _ in module.children())
+
+
+def parameter_of(value, call: dict, taken) -> str | None:
+    """The parameter of `call` (one recorded call) that the captured `value` came in as, where its
+    shape and kind tell it apart from every other argument not `taken`; None where they do not."""
+    import torch
+
+    val = value.meta.get("val") if hasattr(value, "meta") else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    shape = tuple(d.node.hint if isinstance(d, torch.SymInt) else int(d) for d in val.shape)
+    matches = [(name, ident) for name, (s, kind, ident) in call.items()
+               if name not in taken and s == shape and kind == _kind(val)]
+    if not matches or len({ident for _, ident in matches}) != 1:
+        return None
+    return matches[0][0]
+
+
+def _kind(tensor) -> str:
+    """float / complex / bool / int: what a float64 capture and a float32 run agree on."""
+    import torch
+
+    if tensor.is_complex():
+        return "complex"
+    if tensor.is_floating_point():
+        return "float"
+    return "bool" if tensor.dtype == torch.bool else "int"
