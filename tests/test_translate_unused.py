@@ -74,6 +74,42 @@ class SmallConvNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+class TiedUnits(nn.Module):
+    """An output layer sharing its embedding's weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+
+class WithUncalledTiedPart(nn.Module):
+    """SeamlessM4T v2 given text: its text-to-unit model, whose head is tied to its embedding, is
+    never called."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.units = TiedUnits()
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def test_weights_tied_inside_an_uncalled_module_are_left_out_with_it():
+    from flaxport.translate import translate
+
+    module = WithUncalledTiedPart().eval()
+    t = translate(module, torch.randn(2, 4))
+    assert t.report.ok, str(t.report)
+    assert "units" not in t.source[:t.source.index("def load(")]  # neither built nor tied
+    assert sorted(t.unused) == ["units.embed.weight", "units.head.weight"]
+
+
 @pytest.mark.parametrize("make, shape", [(NamedLikeTheRuntime, (2, 4)), (SmallConvNet, (2, 3, 8, 8))],
                          ids=["named-like-the-runtime", "conv-net"])
 def test_every_definition_in_the_file_is_used(make, shape):

@@ -29,7 +29,7 @@ def recorded_calls(module, example, train: bool) -> dict:
     calls: dict = {}
     handles = []
     for sub in model.modules():
-        if len(paths[id(sub)]) != 1 or not path_worth_recording(sub):
+        if len(paths[id(sub)]) != 1 or not _worth_recording(sub):
             continue
         signature = inspect.signature(type(sub).forward)
 
@@ -53,7 +53,7 @@ def recorded_calls(module, example, train: bool) -> dict:
     return calls
 
 
-def path_worth_recording(module) -> bool:
+def _worth_recording(module) -> bool:
     """A module whose calls may become a generated class's: not a parameter-free torch module."""
     return type(module).__module__.split(".")[:2] != ["torch", "nn"] or any(True for _ in module.children())
 

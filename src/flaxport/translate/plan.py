@@ -249,16 +249,20 @@ class Plan:
         def under_tied(path):
             return any(path == t or path.startswith(t + ".") for t in tied)
 
+        def built_in_file(path):  # it and every module above it: a layer inside a module left out is not
+            parts = path.split(".")
+            return all(self.constructed(".".join(parts[:k])) for k in range(1, len(parts) + 1))
+
         groups = {tuple(g) for g in self.shared.values() if _holds_variables(self.modules[g[0]])}
         for paths in sorted(groups, key=lambda g: (g[0].count("."), g)):
-            built = [p for p in paths if self.constructed(p)]
+            built = [p for p in paths if built_in_file(p)]
             for path in built[1:]:
                 if not under_tied(path):
                     out.append((self.attr_expr("", path), self.attr_expr("", built[0])))
                     tied.add(path)
         for names in sorted({tuple(g) for g in self.aliases.values()}):
             owners = [n.rpartition(".") for n in names]
-            built = [(o, a) for o, _, a in owners if self.constructed(o) and not self.shared.get(o)]
+            built = [(o, a) for o, _, a in owners if built_in_file(o) and not self.shared.get(o)]
             for owner, attr in built[1:]:
                 if not under_tied(owner):
                     home = built[0]
