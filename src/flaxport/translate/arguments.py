@@ -2,7 +2,7 @@
 
 The capture knows what a call reads, not how it was called: TransformerEncoderLayer's `src` is
 first read through `x = src` on a line naming only `src_mask` and `src_key_padding_mask`. An eager
-run of the model (a copy, in the capture's mode) records each call's tensor arguments: their
+run of the model (a copy, in eval mode) records each call's tensor arguments: their
 parameter, shape, kind and identity (one tensor passed as `query`, `key` and `value` is one
 array). A call's input whose shape and kind one argument alone has (or one tensor passed under
 several names) is named after that parameter; the plan falls back to reading the source where
@@ -14,15 +14,16 @@ import copy
 import inspect
 
 
-def recorded_calls(module, example, train: bool) -> dict:
+def recorded_calls(module, example) -> dict:
     """{module path: [{parameter: (shape, kind, tensor id)} per call, in call order]} for every
-    submodule with a forward of its own and one path ({} where the model does not run again)."""
+    submodule with a forward of its own and one path, from one eval-mode forward of a copy ({} where
+    the model does not run again). A train-mode capture calls its modules with the same arrays."""
     import torch
 
     from flaxport.port.weights import set_torch_mode
 
-    # the copy shares the parameters, not the buffers a train-mode forward writes (BatchNorm's statistics)
-    model = set_torch_mode(copy.deepcopy(module, {id(p): p for p in module.parameters()}), train)
+    # a copy of everything: a forward may write its own weights (HF RWKV rescales them in place)
+    model = set_torch_mode(copy.deepcopy(module), False)
     paths: dict = {}
     for path, sub in model.named_modules(remove_duplicate=False):
         paths.setdefault(id(sub), []).append(path)

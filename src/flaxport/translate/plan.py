@@ -134,7 +134,7 @@ class Plan:
         self.aliases = _aliases(module)  # tied weights: every name of one tensor
         self._io: dict = {}
         self._calls: dict = {}  # id(capture) -> _calls_by_home
-        self._recorded: dict = {}  # mode -> arguments.recorded_calls, made when a name is first asked for
+        self._recorded = None  # arguments.recorded_calls, made when a name is first asked for
         self._eval_frames = {f.key: f for f in captures["eval"].root.walk()} if "eval" in captures else {}
         self.specs: dict = {}  # torch path -> the runtime layer's LayerSpec, for each "layer"
         self._const_names: dict = {}
@@ -582,12 +582,12 @@ class Plan:
 
     def _recorded_call(self, frame) -> dict | None:
         """The eager run's record of this call ({parameter: (shape, kind, id)}), None where the run's
-        calls of the module do not line up with the capture's."""
-        mode = self._capture_of(frame).mode
-        if mode not in self._recorded:
-            self._recorded[mode] = arguments.recorded_calls(self.module, self.example, mode == "train")
-        calls = self._recorded[mode].get(frame.path, [])
-        captured = [f for m, f in self.frames_by_path.get(frame.path, []) if m == mode]
+        calls of the module do not line up with the first capture's."""
+        if self._recorded is None:
+            self._recorded = arguments.recorded_calls(self.module, self.example)
+        calls = self._recorded.get(frame.path, [])
+        first = next(iter(self.captures))
+        captured = [f for m, f in self.frames_by_path.get(frame.path, []) if m == first]
         return calls[frame.call_index] if len(calls) == len(captured) and frame.call_index < len(calls) else None
 
     # ------------------------------------------------------------------ state
