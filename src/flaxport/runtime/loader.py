@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _safetensors_dtypes():
+def safetensors_dtypes():
+    """safetensors' dtype names -> NumPy dtypes (bfloat16 as JAX's; NumPy has none)."""
     return {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
             "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
             "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_), "BF16": np.dtype(jnp.bfloat16)}
@@ -38,7 +39,7 @@ def read_safetensors(path):
     metadata = header.pop("__metadata__", {})
     if not isinstance(metadata, dict):
         raise ValueError(f"its __metadata__ is a JSON {type(metadata).__name__}, not an object")
-    dtypes = _safetensors_dtypes()
+    dtypes = safetensors_dtypes()
     return {name: _array(name, info, data, dtypes) for name, info in header.items()}, metadata
 
 

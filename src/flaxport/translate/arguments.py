@@ -1,23 +1,34 @@
-"""Which forward parameter each array a module call reads came in as, from one eager run.
+"""How each module call was called, from one eager run: which forward parameter each array
+came in as, and the literal arguments (numbers, strings, None) it was given.
 
 The capture knows what a call reads, not how it was called: TransformerEncoderLayer's `src` is
 first read through `x = src` on a line naming only `src_mask` and `src_key_padding_mask`. An eager
-run of the model (a copy, in eval mode) records each call's tensor arguments: their
+run of the model (a copy, in eval mode) records each call's arguments: for a tensor its
 parameter, shape, kind and identity (one tensor passed as `query`, `key` and `value` is one
-array). A call's input whose shape and kind one argument alone has (or one tensor passed under
-several names) is named after that parameter; the plan falls back to reading the source where
-this leaves a choice.
+array), for a literal its value. A call's input whose shape and kind one argument alone has (or
+one tensor passed under several names) is named after that parameter, the plan reading the source
+where this leaves a choice; the literals name the constants a module's calls differ in (calls.py).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 
 
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One recorded call: {parameter: (shape, kind, tensor id)} of its tensors, {parameter: value}
+    of its literals."""
+
+    tensors: dict
+    literals: dict
+
+
 def recorded_calls(module, example) -> dict:
-    """{module path: [{parameter: (shape, kind, tensor id)} per call, in call order]} for every
-    submodule with a forward of its own and one path, from one eval-mode forward of a copy ({} where
-    the model does not run again). A train-mode capture calls its modules with the same arrays."""
+    """{module path: [Call, in call order]} for every submodule (a module torch reaches by several
+    paths: its calls from all of them, under each path), from one eval-mode forward of a copy ({}
+    where the model does not run again). A train-mode capture calls its modules with the same arrays."""
     import torch
 
     from flaxport.port.weights import set_torch_mode
@@ -30,17 +41,18 @@ def recorded_calls(module, example) -> dict:
     calls: dict = {}
     handles = []
     for sub in model.modules():
-        if len(paths[id(sub)]) != 1 or not _worth_recording(sub):
-            continue
+        made = []  # one list, under each of the module's paths
+        for path in paths[id(sub)]:
+            calls[path] = made
         signature = inspect.signature(type(sub).forward)
 
-        def record(mod, args, kwargs, path=paths[id(sub)][0], signature=signature):
+        def record(mod, args, kwargs, made=made, signature=signature):
             try:
                 bound = signature.bind(mod, *args, **kwargs).arguments
             except TypeError:
                 return
-            calls.setdefault(path, []).append(
-                {name: (tuple(v.shape), _kind(v), id(v)) for name, v in bound.items() if torch.is_tensor(v)})
+            made.append(Call({name: (tuple(v.shape), _kind(v), id(v)) for name, v in bound.items() if torch.is_tensor(v)},
+                             {name: v for name, v in bound.items() if _is_literal(v)}))
 
         handles.append(sub.register_forward_pre_hook(record, with_kwargs=True))
     try:
@@ -54,21 +66,23 @@ def recorded_calls(module, example) -> dict:
     return calls
 
 
-def _worth_recording(module) -> bool:
-    """A module whose calls may become a generated class's: not a parameter-free torch module."""
-    return type(module).__module__.split(".")[:2] != ["torch", "nn"] or any(True for _ in module.children())
+def _is_literal(value) -> bool:
+    """A value generated code writes as itself: numbers, strings, None and tuples of them."""
+    if isinstance(value, (list, tuple)):
+        return all(_is_literal(v) for v in value)
+    return value is None or isinstance(value, (int, float, str))
 
 
-def parameter_of(value, call: dict, taken) -> str | None:
-    """The parameter of `call` (one recorded call) that the captured `value` came in as, where its
-    shape and kind tell it apart from every other argument not `taken`; None where they do not."""
+def parameter_of(value, call: Call, taken) -> str | None:
+    """The parameter of `call` that the captured `value` came in as, where its shape and kind tell
+    it apart from every other tensor argument not `taken`; None where they do not."""
     import torch
 
     val = value.meta.get("val") if hasattr(value, "meta") else None
     if not isinstance(val, torch.Tensor):
         return None
     shape = tuple(d.node.hint if isinstance(d, torch.SymInt) else int(d) for d in val.shape)
-    matches = [(name, ident) for name, (s, kind, ident) in call.items()
+    matches = [(name, ident) for name, (s, kind, ident) in call.tensors.items()
                if name not in taken and s == shape and kind == _kind(val)]
     if not matches or len({ident for _, ident in matches}) != 1:
         return None

@@ -3,7 +3,6 @@ become parameters the callers pass, different code becomes branches on the argum
 (or on a numbered variant). Found after every call is rendered once (classes.render_bodies)."""
 from __future__ import annotations
 
-import inspect
 
 from flaxport.translate.naming import safe_name
 from flaxport.translate.plan import MARK, VAGUE_HINTS, CallConstants, Line, body_lines, hashable
@@ -107,37 +106,11 @@ def _branching_argument(items, arguments) -> str | None:
 
 def _arguments_passed(plan, path, calls: int) -> dict:
     """{forward parameter: (value per call)} of the literals (numbers, strings, None, tuples) the
-    module at path is called with, from one eager run of the model in eval mode: a constant that
+    module at path is called with, from the plan's eager run (arguments.py): a constant that
     differs between calls takes the name of the argument that carried it (`factor`), and calls
     with different code branch on the argument that tells them apart (`layer_type`)."""
-    import copy
-
-    import torch
-
-    from flaxport.port.weights import set_torch_mode
-
-    shared = {id(t): t for t in [*plan.module.parameters(), *plan.module.buffers()]}
-    model = set_torch_mode(copy.deepcopy(plan.module, shared), False)
-    target = dict(model.named_modules(remove_duplicate=False))[path]
-    signature = inspect.signature(type(target).forward)
-    seen = []
-
-    def record(module, args, kwargs):
-        try:
-            bound = signature.bind(module, *args, **kwargs).arguments
-        except TypeError:
-            return
-        seen.append({k: _plain(v) for k, v in bound.items() if _is_literal(v)})
-
-    hook = target.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(*plan.example[0], **plan.example[1])
-    except Exception:  # noqa: BLE001 - names only: a model that will not run again keeps neutral names
-        return {}
-    finally:
-        hook.remove()
-    if len(seen) != calls:
+    seen = [{k: _plain(v) for k, v in call.literals.items()} for call in plan.recorded_calls(path)]
+    if len(seen) != calls:  # names only: a model that will not run again keeps neutral names
         return {}
     return {k: tuple(s.get(k) for s in seen) for k in seen[0] if all(k in s for s in seen)}
 
@@ -147,13 +120,6 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return tuple(_plain(v) for v in value)
     return hashable(value)
-
-
-def _is_literal(value) -> bool:
-    """A value generated code writes as itself: numbers, strings, None and tuples of them."""
-    if isinstance(value, (list, tuple)):
-        return all(_is_literal(v) for v in value)
-    return value is None or isinstance(value, (int, float, str))
 
 
 def as_parameters(lines, positions: dict) -> list:

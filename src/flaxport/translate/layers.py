@@ -9,6 +9,7 @@ padding_mode='reflect' is translated op by op instead).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from flaxport.translate import marks
 
@@ -103,8 +104,9 @@ _BN_OPS = frozenset({"aten.batch_norm.default", "aten.add.Tensor"})
 _DROPOUT_OPS = frozenset({"aten.dropout.default", "aten.feature_dropout.default"})
 
 
+@functools.cache
 def specs() -> dict:
-    """torch layer class -> LayerSpec."""
+    """torch layer class -> LayerSpec (one table a process: it is asked for every module of every capture)."""
     from torch import nn
 
     table = {

@@ -580,12 +580,18 @@ class Plan:
             out.append(safe_name(name))
         return out
 
-    def _recorded_call(self, frame) -> dict | None:
-        """The eager run's record of this call ({parameter: (shape, kind, id)}), None where the run's
-        calls of the module do not line up with the first capture's."""
+    def recorded_calls(self, path) -> list:
+        """[arguments.Call] of the module at path, from the eager run made when first asked for."""
         if self._recorded is None:
             self._recorded = arguments.recorded_calls(self.module, self.example)
-        calls = self._recorded.get(frame.path, [])
+        return self._recorded.get(path, [])
+
+    def _recorded_call(self, frame):
+        """The eager run's record of this call (arguments.Call), None where the run's calls of the
+        module do not line up with the first capture's (or torch reaches it by several paths)."""
+        if frame.path in self.shared:
+            return None
+        calls = self.recorded_calls(frame.path)
         first = next(iter(self.captures))
         captured = [f for m, f in self.frames_by_path.get(frame.path, []) if m == first]
         return calls[frame.call_index] if len(calls) == len(captured) and frame.call_index < len(calls) else None

@@ -13,12 +13,12 @@ import json
 import os
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 
-_DTYPES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-           np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16", np.dtype(np.int8): "I8",
-           np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL", np.dtype(jnp.bfloat16): "BF16"}
+from flaxport.runtime.loader import safetensors_dtypes
+
+# NumPy dtype -> safetensors name: the reader's table (runtime/loader.py) turned round
+_DTYPES = {dtype: name for name, dtype in safetensors_dtypes().items()}
 # What a translation's folder holds: an earlier one is replaced whole, other files are the user's.
 FILES = ("model.py", "weights.safetensors", "train_step.py", "train.py", "parity.md")
 

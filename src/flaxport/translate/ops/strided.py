@@ -6,6 +6,7 @@ contiguous in torch there is refused: its elements sit elsewhere in memory).
 """
 from __future__ import annotations
 
+from flaxport.translate import marks
 from flaxport.translate.ops.table import ATOM, Expr, Unsupported, call, op
 
 
@@ -88,7 +89,7 @@ def unfold(c, node):
 
 @op("aten.alias.default", "aten.alias_copy.default", "aten.clone.default", "aten.lift_fresh_copy.default",
     "aten.positive.default", "aten.resolve_conj.default", "aten.resolve_neg.default", "aten.contiguous.default",
-    "flaxport.call_argument.default", "flaxport.call_result.default")  # the capture's tags (translate/marks.py)
+    marks.ARGUMENT, marks.RESULT)  # the capture's tags: identities here, so decomposition leaves them alone
 def alias(c, node):
     return c.x("self")
 
