@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 from flaxport.cli import main
@@ -398,6 +399,16 @@ def test_a_translation_that_gives_nan_where_torch_does_not_fails(models, monkeyp
     t = _translate(models, "mlp", torch.randn(2, 8))
     assert not t.report.ok
     assert "the translation computes NaN/inf where torch does not" in t.report.first_divergence.note
+
+
+def test_nan_torch_makes_where_the_translation_does_not_is_said_that_way_round():
+    from flaxport.translate.proof import _row
+
+    torch_side, jax_side = np.array([1.0, np.inf, np.nan]), np.array([1.0, 2.0, 3.0])
+    row = _row("forward", "a", "a", torch_side, jax_side, 1e-5, 1e-5, garbage_in=False)
+    assert not row.ok and row.note == "torch computes NaN/inf where the translation does not (2 values)"
+    row = _row("forward", "a", "a", jax_side, torch_side, 1e-5, 1e-5, garbage_in=False)
+    assert row.note == "the translation computes NaN/inf where torch does not (2 values)"
 
 
 def test_the_cli_names_the_nan_row_as_the_reason(models, tmp_path, capsys):

@@ -232,3 +232,34 @@ def test_vmap_in_forward_becomes_batched_ops():
     assert t.report.ok, str(t.report)
     assert "vmap" not in t.source and "batch_dim" not in t.source
     assert "self.proj(x)" in t.source
+
+
+class PadScores(nn.Module):
+    """Grounding DINO's contrastive head: scores written into a tensor of -inf, which is returned."""
+
+    def forward(self, queries, text):
+        scores = queries @ text.transpose(-1, -2)
+        padded = torch.full((*scores.shape[:-1], 9), float("-inf"))
+        padded[..., : scores.shape[-1]] = scores
+        return padded
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = PadScores()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x, text, z):
+        first = self.head(self.proj(x), text)
+        return first, first.amax(-1), self.head(z, text)
+
+
+def test_a_tensor_written_in_place_and_returned_is_the_written_value_in_the_output():
+    """The model returns what the head wrote (not the -inf it started from) for both calls, one
+    also read later: one class with one code."""
+    from flaxport.translate import translate
+
+    t = translate(TwoHeads().eval(), torch.randn(2, 5, 4), torch.randn(2, 3, 4), torch.randn(2, 6, 4))
+    assert t.report.ok, t.report.first_divergence
+    assert t.source.count("class PadScores") == 1 and "-jnp.inf" in t.source

@@ -285,3 +285,62 @@ def test_a_float32_pinned_against_a_weight_checks_train_mode_in_float32():
     report = check_train(t, module)
     assert report.ok, report.first_divergence
     assert "torch cannot run it in float64" in report.rows[0].note
+
+
+class ZeroRouter(nn.Module):
+    """A router as HF initialises one (its gate all zeros): every score ties, and which experts the
+    top-k picks changes the output. torch's CPU kernel picks the highest indices, lax.top_k the lowest."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(6, 4, bias=False)
+        nn.init.zeros_(self.gate.weight)
+        self.experts = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        weights, chosen = self.gate(x).softmax(-1).topk(2, dim=-1)
+        return (weights.unsqueeze(-1) * self.experts[chosen]).sum(1)
+
+
+def test_top_k_ties_that_pick_other_experts_prove_against_torch_taking_them_in_order(tmp_path):
+    from flaxport.translate import translate
+    from flaxport.translate.proof import check_train
+    from flaxport.translate.written import check_written
+
+    module, x = ZeroRouter().eval(), torch.randn(5, 6)
+    assert torch.topk(torch.zeros(4), 2).indices.tolist() != [0, 1]  # the kernel this test is about
+    t = translate(module, x)
+    assert t.report.ok, t.report.first_divergence
+    report = check_train(t, module)
+    assert report.ok, report.first_divergence
+    t.save(tmp_path)
+    assert check_written(t, module, tmp_path).problem == ""
+
+
+class FloatMask(nn.Module):
+    """HF Canine's mask: built in float32 whatever the model's dtype, scaled by the scores' dtype's
+    minimum. In float64 that minimum overflows float32 to -inf and 0 * -inf is NaN: torch's own
+    float64 forward is NaN where its float32 forward is not."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        mask = torch.ones(x.shape[0], x.shape[1])
+        scores = self.proj(x) @ x.transpose(1, 2)
+        return (scores + ((1.0 - mask) * torch.finfo(scores.dtype).min).unsqueeze(1)).softmax(-1)
+
+
+def test_a_model_torch_itself_makes_nan_in_float64_is_proved_in_float32():
+    from flaxport.translate import translate
+    from flaxport.translate.proof import check_train
+
+    module, x = FloatMask().eval(), torch.randn(2, 3, 4)
+    with torch.no_grad():
+        assert module.double()(x.double()).isnan().all() and module.float()(x).isfinite().all()
+    t = translate(module, x)
+    assert t.report.ok and t.report.precision == "float32", t.report.first_divergence
+    assert "float64 forward gives NaN/inf where float32 does not" in t.report.notes[0]
+    report = check_train(t, module.train())
+    assert report.ok and "torch cannot run it in float64" in report.rows[0].note, report.first_divergence

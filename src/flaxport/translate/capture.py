@@ -477,11 +477,13 @@ def functionalize(graph, placeholders) -> dict:
     replaced = {}  # mutated value -> the node that now holds its value
     buffer_updates = {}
     for node in list(graph.nodes):
-        if node.op != "call_function":
+        if node.op not in ("call_function", "output"):
             continue
-        if replaced:
+        if replaced:  # the output too: a forward returns the tensor it wrote into (`new[..., :n] = x`)
             node.args = _substitute(node.args, replaced)
             node.kwargs = _substitute(node.kwargs, replaced)
+        if node.op == "output":
+            continue
         name = _target_name(node)
         if name in VIEW_OPS or name == "getitem" and _target_name(node.args[0]) in VIEW_OPS:
             base_of[node] = node.args[0]

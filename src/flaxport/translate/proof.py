@@ -8,7 +8,9 @@ itself. An unstable sort and a top-k leave the order of equal keys to their kern
 interpreter takes them in the order they come there, an order torch may give and the one the
 translation gives (a mixture of experts sorts token slots by expert id, and the rows inside an
 expert are compared in that order; a top-k over a causally masked row picks among -inf). The
-JAX side records what every translated module call returns. Rows follow
+torch module itself runs the same way (ties_in_order): where equal keys decide what the model
+returns (a router HF initialises to zeros: every expert ties), its kernel's own order is one
+answer among equals, and lowest index first the one the translation gives. The JAX side records what every translated module call returns. Rows follow
 torch's execution order (a call's row when it returns, as forward hooks would), so the
 first failing row is the first submodule whose translation computes something else.
 
@@ -194,9 +196,16 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     if f64:
         torch_module = torch_module.double()
     garbage_in = not_finite_in(torch_module, args, kwargs)
-    with _torch_precision(), torch.no_grad(), torch_noise(capture) as (draws, masks):
+    with _torch_precision(), torch.no_grad(), ties_in_order(), torch_noise(capture) as (draws, masks):
         torch_out = torch_module(*args, **kwargs)
     torch_leaves = output_leaves(torch_out)
+    if f64 and not garbage_in and not _finite_leaves(torch_leaves):
+        def float32_leaves():
+            m, a, k = _float32_copy(module, args, kwargs, training=False)
+            with _torch_precision(), torch.no_grad(), ties_in_order(), torch_noise(capture):
+                return output_leaves(m(*a, **k))
+
+        _float64_is_the_model(float32_leaves)
     del torch_module  # a float64 copy of the weights: the JAX side needs the room
     compared = {node.name for frame in capture.root.walk() for node in plan.io(frame)[1]}
     try:
@@ -249,6 +258,33 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
             name = "output" if len(torch_leaves) == 1 else f"output[{i}]"
             rows.append(_row("output", name, name, a, b, atol, rtol, values=i not in unset, garbage_in=garbage_in))
     return rows
+
+
+class Float64Differs(RuntimeError):
+    """torch's own forward computes something else in float64 than in float32."""
+
+
+def _finite_leaves(leaves) -> bool:
+    return all(np.isfinite(a).all() for a in leaves if np.issubdtype(np.asarray(a).dtype, np.inexact))
+
+
+def _float64_is_the_model(float32_leaves) -> None:
+    """Raise Float64Differs where torch's float32 forward (`float32_leaves()`, its output leaves) is
+    finite though its float64 outputs hold NaN/inf: the model is another model in float64 (HF's
+    `(1.0 - mask) * torch.finfo(scores.dtype).min` with a float32 mask: float64's minimum overflows
+    float32 to -inf, and 0 * -inf is NaN), so a float64 comparison proves nothing; the proof then runs
+    in float32."""
+    if _finite_leaves(float32_leaves()):
+        raise Float64Differs("torch's own float64 forward gives NaN/inf where float32 does not "
+                             "(a dtype's constant overflowing float32)")
+
+
+def _float32_copy(module, args, kwargs, training: bool):
+    """(module, args, kwargs) as float32 copies, in train or eval mode."""
+    import torch
+
+    return (set_torch_mode(copy.deepcopy(module), training), [cast_floating(a, torch.float32) for a in args],
+            {k: cast_floating(v, torch.float32) for k, v in kwargs.items()})
 
 
 def output_leaves(out) -> list:
@@ -331,8 +367,12 @@ def _not_finite(phase, t, f, garbage_in: bool) -> str:
         return (f"torch computes NaN/inf here ({int(t_bad.sum())} of {t.size} values): nothing to compare; "
                 "check the weights and the inputs")
     infinite = np.isinf(t)
-    if (f_bad != t_bad).any() or (np.isnan(t) != np.isnan(f)).any() or (t[infinite] != f[infinite]).any():
+    if (f_bad & ~t_bad).any():
         return f"the translation computes NaN/inf where torch does not ({int((f_bad & ~t_bad).sum())} values)"
+    if (t_bad & ~f_bad).any():
+        return f"torch computes NaN/inf where the translation does not ({int((t_bad & ~f_bad).sum())} values)"
+    if (np.isnan(t) != np.isnan(f)).any() or (t[infinite] != f[infinite]).any():
+        return "NaN where the other side has inf, or infinities of opposite sign"
     return ""
 
 
@@ -604,6 +644,29 @@ def _stable_topk(x, k, dim=-1, largest=True, sorted=True):
     return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
 
 
+@contextlib.contextmanager
+def ties_in_order():
+    """Within: torch's sorts and top-k take equal keys lowest index first (stable), as the
+    interpreter and lax.top_k do. torch leaves the order of equal keys to its kernels (its CPU
+    top-k puts the highest index first), so any order is torch's answer."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+
+    class InOrder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is aten.topk.default:
+                return _stable_topk(*args, **kwargs)
+            if func in (aten.sort.default, aten.sort.stable):
+                return aten.sort.stable(args[0], **_sort_arguments(args, kwargs), stable=True)
+            return func(*args, **kwargs)
+
+    with InOrder():
+        yield
+
+
 def _sort_arguments(args, kwargs) -> dict:
     """dim and descending of an aten.sort call (default or stable overload) as keywords."""
     named = dict(zip(("dim", "descending"), args[1:]))
@@ -701,18 +764,21 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     rng_state = torch.get_rng_state()
 
     def run(m, args, kwargs, record=contextlib.nullcontext()):
-        with _torch_precision(), torch.no_grad(), _torch_dropout_off(m), record, \
+        with _torch_precision(), torch.no_grad(), ties_in_order(), _torch_dropout_off(m), record, \
                 torch_dropout("off", None, DropoutLog()):
             return m(*args, **kwargs)
 
     try:
         torch_out = run(torch_module, args, kwargs, _recording(draws))
+        if f64 and not garbage_in and not _finite_leaves(output_leaves(torch_out)):
+            _float64_is_the_model(lambda: output_leaves(run(*_float32_copy(module, args, kwargs, training=True))))
     except RuntimeError as e:
         if not f64 or not any(word in str(e).lower() for word in ("double", "float64")):
             raise
         # a kernel torch has no float64 form of (grouped_mm on a CPU, which a mixture of experts calls
-        # in eager mode), or a float32 the model pins meeting float64 weights (a router that runs
-        # `hidden_states.float()` against its own weight): both sides in float32, at float32's tolerance
+        # in eager mode), a float32 the model pins meeting float64 weights (a router that runs
+        # `hidden_states.float()` against its own weight), or a model float64 makes another
+        # (Float64Differs): both sides in float32, at float32's tolerance
         report = check_train(t, module, "float32", FLOAT32_TOLERANCE, FLOAT32_TOLERANCE)
         why = f"float32: torch cannot run it in float64 ({str(e).splitlines()[0][:120]})"
         return dataclasses.replace(report, rows=[dataclasses.replace(r, note=r.note or why) for r in report.rows])

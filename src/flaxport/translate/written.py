@@ -35,11 +35,11 @@ def check_written(t, module, directory) -> WrittenCheck:
     import jax
     import torch
 
-    from flaxport.translate.proof import (jax_arguments, jax_noise, leaves_like, to_numpy, torch_noise,
-                                         uninitialised_outputs)
+    from flaxport.translate.proof import (jax_arguments, jax_noise, leaves_like, ties_in_order, to_numpy,
+                                         torch_noise, uninitialised_outputs)
 
     capture = t.plan.captures.get("eval") or next(iter(t.plan.captures.values()))
-    with torch_noise(capture) as (draws, masks), torch.no_grad():
+    with torch_noise(capture) as (draws, masks), torch.no_grad(), ties_in_order():
         torch_out = copy.deepcopy(module).eval()(*t.example_args, **t.example_kwargs)
     # a Python number torch returns (.item(), a torch.Size) is an array in model.py's output
     expected = [to_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
@@ -96,12 +96,13 @@ def _float64_agrees(t, module, model_py, directory, capture) -> float | None:
 
     from flaxport.port.parity import compare
     from flaxport.translate.capture import cast_floating
-    from flaxport.translate.proof import ATOL, RTOL, jax_arguments, jax_noise, leaves_like, to_numpy, torch_noise
+    from flaxport.translate.proof import (ATOL, RTOL, jax_arguments, jax_noise, leaves_like, ties_in_order,
+                                         to_numpy, torch_noise)
 
     args = [cast_floating(a, torch.float64) for a in t.example_args]
     kwargs = {k: cast_floating(v, torch.float64) for k, v in t.example_kwargs.items()}
     try:
-        with torch_noise(capture) as (draws, masks), torch.no_grad():
+        with torch_noise(capture) as (draws, masks), torch.no_grad(), ties_in_order():
             torch_out = copy.deepcopy(module).double().eval()(*args, **kwargs)
         expected = [to_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
                     if torch.is_tensor(a) or isinstance(a, (int, float))]
