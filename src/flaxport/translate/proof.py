@@ -192,12 +192,16 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     dtype = torch.float64 if f64 else None
     args = [cast_floating(a, dtype) for a in t.example_args]
     kwargs = {k: cast_floating(v, dtype) for k, v in t.example_kwargs.items()}
-    torch_module = set_torch_mode(copy.deepcopy(module), False)
-    if f64:
-        torch_module = torch_module.double()
+    # in float64 the eval capture's own copy runs (the model cast once, held anyway), its buffers put back
+    exported = f64 and capture.mode == "eval"
+    torch_module = capture.module if exported else set_torch_mode(copy_as(module, dtype), False)
+    kept = {name: b.clone() for name, b in torch_module.named_buffers()} if exported else {}
     garbage_in = not_finite_in(torch_module, args, kwargs)
     with _torch_precision(), torch.no_grad(), ties_in_order(), torch_noise(capture) as (draws, masks):
         torch_out = torch_module(*args, **kwargs)
+        for name, b in torch_module.named_buffers():
+            if name in kept:
+                b.copy_(kept[name])
     torch_leaves = output_leaves(torch_out)
     if f64 and not garbage_in and not _finite_leaves(torch_leaves):
         def float32_leaves():
@@ -206,7 +210,7 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
                 return output_leaves(m(*a, **k))
 
         _float64_is_the_model(float32_leaves)
-    del torch_module  # a float64 copy of the weights: the JAX side needs the room
+    del torch_module, kept  # a copy of the weights: the JAX side needs the room
     compared = {node.name for frame in capture.root.walk() for node in plan.io(frame)[1]}
     try:
         env = _interpret(capture, args, kwargs, draws, masks, keep=compared)
@@ -277,6 +281,25 @@ def _float64_is_the_model(float32_leaves) -> None:
     if _finite_leaves(float32_leaves()):
         raise Float64Differs("torch's own float64 forward gives NaN/inf where float32 does not "
                              "(a dtype's constant overflowing float32)")
+
+
+def copy_as(module, dtype=None):
+    """A deep copy of the torch module, its floating parameters and buffers cast to `dtype` as they
+    are copied (None: kept): the model once in the new dtype, not once more in its own first."""
+    import torch
+
+    if dtype is None:
+        return copy.deepcopy(module)
+
+    def cast(t):
+        return t.detach().to(dtype) if t.is_floating_point() else t.detach().clone()
+
+    memo = {}
+    for p in module.parameters():
+        memo[id(p)] = torch.nn.Parameter(cast(p), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = cast(b)
+    return copy.deepcopy(module, memo)
 
 
 def _float32_copy(module, args, kwargs, training: bool):
@@ -754,10 +777,9 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     dtype = torch.float64 if f64 else None
     args = [cast_floating(a, dtype) for a in t.example_args]
     kwargs = {k: cast_floating(v, dtype) for k, v in t.example_kwargs.items()}
-    torch_module = set_torch_mode(copy.deepcopy(module), True)
-    if f64:
-        torch_module = torch_module.double()
-    before = {k: v.detach().clone() for k, v in torch_module.state_dict().items()}
+    torch_module = set_torch_mode(copy_as(module, dtype), True)
+    # the buffers: what a forward updates (the parameters as well would hold the model once more)
+    before = {k: v.detach().clone() for k, v in torch_module.named_buffers()}
     garbage_in = not_finite_in(torch_module, args, kwargs)
     capture = t.plan.captures.get("train") or next(iter(t.plan.captures.values()))
     draws = rnd.Draws() if draws_noise(capture) else None
@@ -783,7 +805,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         why = f"float32: torch cannot run it in float64 ({str(e).splitlines()[0][:120]})"
         return dataclasses.replace(report, rows=[dataclasses.replace(r, note=r.note or why) for r in report.rows])
     torch_leaves = output_leaves(torch_out)
-    after = torch_module.state_dict()
+    after = dict(torch_module.named_buffers())
     changed = [k for k in after if not torch.equal(after[k], before[k])]
 
     x64 = jax.enable_x64(True) if f64 else contextlib.nullcontext()

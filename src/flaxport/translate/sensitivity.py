@@ -41,7 +41,7 @@ def nudged(value, seed: int = 0):
 
 
 def torch_spread(module, state: dict, args, kwargs, rng_state, run, outputs: dict, buffers: dict) -> dict:
-    """How far torch's own results move: a copy of `module` with `state` (its state_dict before the
+    """How far torch's own results move: a copy of `module` with `state` (its buffers before the
     forward being compared) run RUNS times on inputs nudged each time with another pattern, the
     generator reset to `rng_state` every time so it draws what the first run drew.
     `run(module, args, kwargs)` does the forward as the first run did (its contexts) and returns its
@@ -54,7 +54,7 @@ def torch_spread(module, state: dict, args, kwargs, rng_state, run, outputs: dic
     twin = copy.deepcopy(module)  # one copy, its state reset before each run
     try:
         for seed in range(RUNS):
-            twin.load_state_dict(state)
+            twin.load_state_dict(state, strict=False)  # the buffers: what a forward changes
             torch.set_rng_state(rng_state)
             nudged_args, nudged_kwargs = nudged((list(args), dict(kwargs)), seed)
             out = run(twin, nudged_args, nudged_kwargs)

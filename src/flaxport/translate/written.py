@@ -96,14 +96,14 @@ def _float64_agrees(t, module, model_py, directory, capture) -> float | None:
 
     from flaxport.port.parity import compare
     from flaxport.translate.capture import cast_floating
-    from flaxport.translate.proof import (ATOL, RTOL, jax_arguments, jax_noise, leaves_like, ties_in_order,
-                                         to_numpy, torch_noise)
+    from flaxport.translate.proof import (ATOL, RTOL, copy_as, jax_arguments, jax_noise, leaves_like,
+                                         ties_in_order, to_numpy, torch_noise)
 
     args = [cast_floating(a, torch.float64) for a in t.example_args]
     kwargs = {k: cast_floating(v, torch.float64) for k, v in t.example_kwargs.items()}
     try:
         with torch_noise(capture) as (draws, masks), torch.no_grad(), ties_in_order():
-            torch_out = copy.deepcopy(module).double().eval()(*args, **kwargs)
+            torch_out = copy_as(module, torch.float64).eval()(*args, **kwargs)
         expected = [to_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
                     if torch.is_tensor(a) or isinstance(a, (int, float))]
         with jax.enable_x64(True), jax.default_matmul_precision("highest"):
