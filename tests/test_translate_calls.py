@@ -221,3 +221,54 @@ def test_a_module_passed_as_an_argument_is_refused_by_name():
 
     with pytest.raises(UnsupportedOpsError, match="Linear at decoder_head.0 called by decoder, which does not hold it"):
         translate(HandsItsHead().eval(), torch.randn(2, 4))
+
+
+class DenseLayer(nn.Module):
+    """DenseNet's layer: called with the list of every feature map so far, one longer each time."""
+
+    def __init__(self, in_channels, growth):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(in_channels)
+        self.conv = nn.Conv2d(in_channels, growth, 3, padding=1)
+
+    def forward(self, prev_features):
+        return self.conv(torch.relu(self.norm(torch.cat(prev_features, 1))))
+
+
+class DenseNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.layers = nn.ModuleList([DenseLayer(4 + 2 * i, 2) for i in range(3)])
+
+    def forward(self, x):
+        features = [self.stem(x)]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+def test_a_layer_given_a_growing_list_is_one_class_taking_the_list(tmp_path):
+    import re
+
+    from flaxport.translate import translate
+    from flaxport.translate.proof import check_train
+    from flaxport.translate.written import check_written
+
+    module = DenseNet().eval()
+    t = translate(module, torch.randn(2, 3, 8, 8))
+    assert t.report.ok, t.report.first_divergence
+    assert re.findall(r"^class (\w+)", t.source[:t.source.index("def load")], re.M) == ["DenseLayer", "DenseNet"]
+    assert "def __call__(self, prev_features):" in t.source and "(prev_features)" in t.source
+    assert "self.layers[2]([features, h, h2])" in t.source
+    assert "DenseLayer(6, rngs=rngs)" in t.source and "def __init__(self, in_channels, *, rngs" in t.source
+    assert check_train(t, module.train()).ok
+    t.save(tmp_path)
+    assert check_written(t, module.eval(), tmp_path).problem == ""
+
+
+def test_variants_differing_in_many_children_are_numbered_not_listed():
+    from flaxport.translate.classes import _variant_name
+
+    assert _variant_name("DenseBlock", {"a"}, {"a", "b_c"}, 1) == "DenseBlockWithBC"
+    assert _variant_name("DenseBlock", {"a"}, {"a", "b", "c", "d"}, 2) == "DenseBlock3"

@@ -8,6 +8,8 @@ parameter, shape, kind and identity (one tensor passed as `query`, `key` and `va
 array), for a literal its value. A call's input whose shape and kind one argument alone has (or
 one tensor passed under several names) is named after that parameter, the plan reading the source
 where this leaves a choice; the literals name the constants a module's calls differ in (calls.py).
+A call given one list of tensors and reading all of it (DenseNet's layer, handed every feature
+map so far) takes the list as one parameter: its class is one code whatever the list's length.
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ import inspect
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One recorded call: {parameter: (shape, kind, tensor id)} of its tensors, {parameter: value}
-    of its literals."""
+    of its literals, {parameter: [(shape, kind, tensor id)]} of its lists (tuples) of tensors."""
 
     tensors: dict
     literals: dict
+    sequences: dict = dataclasses.field(default_factory=dict)
 
 
 def recorded_calls(module, example) -> dict:
@@ -51,8 +54,10 @@ def recorded_calls(module, example) -> dict:
                 bound = signature.bind(mod, *args, **kwargs).arguments
             except TypeError:
                 return
-            made.append(Call({name: (tuple(v.shape), _kind(v), id(v)) for name, v in bound.items() if torch.is_tensor(v)},
-                             {name: v for name, v in bound.items() if _is_literal(v)}))
+            made.append(Call({name: _described(v) for name, v in bound.items() if torch.is_tensor(v)},
+                             {name: v for name, v in bound.items() if _is_literal(v)},
+                             {name: [_described(t) for t in v] for name, v in bound.items()
+                              if isinstance(v, (list, tuple)) and v and all(torch.is_tensor(t) for t in v)}))
 
         handles.append(sub.register_forward_pre_hook(record, with_kwargs=True))
     try:
@@ -66,6 +71,59 @@ def recorded_calls(module, example) -> dict:
     return calls
 
 
+def _described(tensor) -> tuple:
+    return tuple(tensor.shape), _kind(tensor), id(tensor)
+
+
+def sequence_of(values, call: Call) -> str | None:
+    """The parameter whose list (or tuple) of tensors the captured `values` are, whole and in
+    order, where they are everything the call was given (DenseNet's layer, called with the list of
+    every feature map so far): each element matching in shape and kind, no tensor twice; else None."""
+    if call.tensors or len(call.sequences) != 1:
+        return None
+    (name, items), = call.sequences.items()
+    if len(items) != len(values) or len({ident for _, _, ident in items}) != len(items):
+        return None
+    for value, (shape, kind, _) in zip(values, items):
+        if _shape_and_kind(value) != (shape, kind):
+            return None
+    return name
+
+
+def listed(params) -> tuple[str, int] | None:
+    """(list parameter, length) where `params` begin with its elements (`features[0]`,
+    `features[1]`, ...: plan.param_names for a call given one list); None otherwise."""
+    first = params[0] if params else ""
+    if not first.endswith("[0]"):
+        return None
+    name = first[:-3]
+    count = 0
+    while count < len(params) and params[count] == f"{name}[{count}]":
+        count += 1
+    return name, count
+
+
+def as_one_parameter(params) -> list:
+    """__call__'s parameters with a list's elements as the one list parameter."""
+    whole = listed(params)
+    return list(params) if whole is None else [whole[0], *params[whole[1]:]]
+
+
+def whole_lists(text: str, name: str, count: int) -> str:
+    """`text` with the list of every element, `[features[0], ..., features[n-1]]`, written `features`."""
+    return text.replace("[" + ", ".join(f"{name}[{i}]" for i in range(count)) + "]", name)
+
+
+def _shape_and_kind(value):
+    """(concrete shape, kind) of a captured value, None where it is not a tensor."""
+    import torch
+
+    val = value.meta.get("val") if hasattr(value, "meta") else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    return tuple(d.node.hint if isinstance(d, torch.SymInt) else int(d) for d in val.shape), _kind(val)
+
+
 def _is_literal(value) -> bool:
     """A value generated code writes as itself: numbers, strings, None and tuples of them."""
     if isinstance(value, (list, tuple)):
@@ -76,14 +134,11 @@ def _is_literal(value) -> bool:
 def parameter_of(value, call: Call, taken) -> str | None:
     """The parameter of `call` that the captured `value` came in as, where its shape and kind tell
     it apart from every other tensor argument not `taken`; None where they do not."""
-    import torch
-
-    val = value.meta.get("val") if hasattr(value, "meta") else None
-    if not isinstance(val, torch.Tensor):
+    described = _shape_and_kind(value)
+    if described is None:
         return None
-    shape = tuple(d.node.hint if isinstance(d, torch.SymInt) else int(d) for d in val.shape)
     matches = [(name, ident) for name, (s, kind, ident) in call.tensors.items()
-               if name not in taken and s == shape and kind == _kind(val)]
+               if name not in taken and (s, kind) == described]
     if not matches or len({ident for _, ident in matches}) != 1:
         return None
     return matches[0][0]

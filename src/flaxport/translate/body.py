@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from flaxport.translate import arguments
 from flaxport.translate import capture as cap
 from flaxport.translate import marks
 from flaxport.translate import ops as oplib
@@ -86,9 +87,12 @@ class BodyRenderer:
             if not isinstance(v, cap.Frame):
                 self.names[v] = name
         self.live = {name: math.inf for name in params}  # variable name -> the position of its last use
+        self.listed = arguments.listed(params)  # (list parameter, length) for a call given one list
         for v, name in zip(self.inputs, params):
-            if not isinstance(v, str):
+            if not isinstance(v, str) and not name.endswith("]"):  # a list's element is never reassigned
                 self.live[name] = math.inf if cap.is_sym(v) else self.flow.last_use(v)
+        if self.listed:
+            self.live[self.listed[0]] = math.inf
         # sizes the call is given (plan._sizes_passed_in): {sympy text of the size: parameter name}
         self.size_params = {str(v.meta["val"].node.expr): name for v, name in zip(self.inputs, params)
                             if not isinstance(v, str) and cap.is_sym(v)}
@@ -110,6 +114,9 @@ class BodyRenderer:
                 self._say_decomposed(self.flow.producer[v])
         self.lines.append(self._return(self.outputs))
         params = self.capture.input_names if self.frame.parent is None else self._param_names(self.frame)
+        if self.listed:  # the list read whole is the parameter itself
+            params = arguments.as_one_parameter(params)
+            self.lines = [arguments.whole_lists(line, *self.listed) for line in self.lines]
         return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
                     list(self.outputs), self.problems)
 
@@ -383,6 +390,9 @@ class BodyRenderer:
                                   f"{self.path}, which does not hold it (a module passed as an argument)",
                                   self.path, ""))
             return Expr(f"unsupported_{safe_name(u.frame.path)}()")
+        whole = arguments.listed(self.plan.param_names(u.frame))
+        if whole is not None:  # one list, as the source passes it
+            args = [f"[{', '.join(args[:whole[1]])}]", *args[whole[1]:]]
         attr = self.plan.attr_expr(self.path, u.frame.path)
         spec = self.plan.specs.get(u.frame.path)
         if spec is not None and spec.marked:

@@ -442,9 +442,9 @@ def _attrs(inst) -> set:
 def _variant_name(base, first, mine, k) -> str:
     extra, missing = sorted(mine - first), sorted(first - mine)
     camel = lambda names: "And".join("".join(p.capitalize() for p in n.split("_")) for n in names)  # noqa: E731
-    if extra and not missing:
+    if extra and not missing and len(extra) <= 2:  # more would be a list, not a name (DenseNet's blocks)
         return f"{base}With{camel(extra)}"
-    if missing and not extra:
+    if missing and not extra and len(missing) <= 2:
         return f"{base}Without{camel(missing)}"
     return f"{base}{k + 1}"
 

@@ -557,10 +557,13 @@ class Plan:
         capture = self._capture_of(frame)
         inputs, _ = self.io(frame)
         if frame.parent is None:
-            names = list(capture.input_access)
-        else:
-            names = self._guess_param_names(frame, [v for v in inputs if not isinstance(v, str)])
-        return names
+            return list(capture.input_access)
+        tensors = [v for v in inputs if not isinstance(v, str)]
+        call = self._recorded_call(frame)
+        whole = arguments.sequence_of(tensors, call) if call is not None else None
+        if whole is not None:  # read as `prev_features[i]`, the list itself the parameter (one_parameter)
+            return [f"{safe_name(whole)}[{i}]" for i in range(len(tensors))]
+        return self._guess_param_names(frame, tensors)
 
     def _guess_param_names(self, frame, inputs) -> list:
         """The forward's own parameter names: the argument the call was given each input as, where
