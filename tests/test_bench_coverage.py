@@ -335,3 +335,15 @@ def test_a_sample_torch_itself_cannot_run_is_not_built_and_does_not_count():
     good = check_sample(Strict(), (torch.randn(15),), {}, {}, lambda step: None)
     assert good["proof"], good
     assert summarize([good, bad])["proof"] and summarize([bad])["step"] == "build"
+
+
+def test_resume_with_another_filter_keeps_every_record_the_file_holds(zoo, tmp_path, capsys):
+    """Cases run one --filter at a time into one file: each resumed run adds its own records."""
+    out = tmp_path / "zoo.jsonl"
+    assert main(["--source", zoo, "--filter", "^broken$", "--json", str(out), "--resume"]) == 0
+    assert main(["--source", zoo, "--filter", "^crash$", "--json", str(out), "--resume"]) == 0
+    lines = out.read_text().splitlines()
+    assert "run" in json.loads(lines[0]) and [json.loads(line)["name"] for line in lines[1:]] == ["broken", "crash"]
+    assert main(["--source", zoo, "--filter", "^(broken|crash)$", "--json", str(out), "--resume"]) == 0
+    assert len(out.read_text().splitlines()) == 3  # nothing run again
+    capsys.readouterr()

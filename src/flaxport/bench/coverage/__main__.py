@@ -71,14 +71,14 @@ def main(argv=None) -> int:
     if not names:
         return _error(f"--filter {args.filter!r} matches none of the {args.source} cases")
     run = describe(args, argv)
-    previous = []
+    kept, previous = [], []
     if args.resume and Path(args.json).is_file():
-        run, previous = read(args.json)
-        previous = [r for r in previous if r["name"] in set(names)]
+        run, kept = read(args.json)
+        previous = [r for r in kept if r["name"] in set(names)]
     out = None
-    if args.json:
-        out = open(args.json, "a" if previous else "w")
-        if not previous:
+    if args.json:  # resumed, the file keeps every record it holds, the cases this --filter leaves out too
+        out = open(args.json, "a" if args.resume and kept else "w")
+        if not (args.resume and kept):
             out.write(json.dumps({"run": run}) + "\n")
     try:
         records = runner.run(args.source, names, timeout=args.timeout, memory_gb=args.memory, peer=args.peer,
