@@ -263,3 +263,49 @@ def test_a_tensor_written_in_place_and_returned_is_the_written_value_in_the_outp
     t = translate(TwoHeads().eval(), torch.randn(2, 5, 4), torch.randn(2, 3, 4), torch.randn(2, 6, 4))
     assert t.report.ok, t.report.first_divergence
     assert t.source.count("class PadScores") == 1 and "-jnp.inf" in t.source
+
+
+class RescaledBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, hidden):
+        return hidden + self.out(self.norm(hidden))
+
+
+class Rescaling(nn.Module):
+    """HF RWKV: the forward rescales its blocks' output weights in place when the mode changes, so a
+    train-mode capture hands the blocks arrays (the rescaled weights) an eval-mode one does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([RescaledBlock(), RescaledBlock()])
+        self.rescaled = False
+
+    def forward(self, x):
+        if self.rescaled != (not self.training):
+            with torch.no_grad():
+                for i, block in enumerate(self.blocks):
+                    block.out.weight.mul_(2 ** i) if self.training else block.out.weight.div_(2 ** i)
+            self.rescaled = not self.training
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_module_given_other_arrays_in_train_mode_is_translated_in_eval_mode_only(tmp_path):
+    from flaxport.translate import translate
+    from flaxport.translate.written import check_written
+
+    module, x = Rescaling().eval(), torch.randn(2, 3, 8)
+    with torch.no_grad():
+        module(x)
+    t = translate(module, x)
+    assert t.report.ok, t.report.first_divergence
+    assert list(t.plan.captures) == ["eval"] and "self.training" not in t.source
+    assert t.notes == ["train mode could not be translated (blocks.0, blocks.1 given other arrays in train mode than "
+                       "in eval mode); the model is translated in eval mode only"]
+    t.save(tmp_path)
+    assert check_written(t, module, tmp_path).problem == ""

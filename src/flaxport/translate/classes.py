@@ -74,10 +74,12 @@ def _mode_bodies(work, path):
     by_mode: dict = {}
     params = None
     training = False
+    mode_params: dict = {}
     for mode, frame in plan.frames_by_path.get(path, []):
         body = work.bodies.get((mode, frame.key))
         if body is None:
             continue
+        mode_params.setdefault(mode, tuple(body.params))
         lines = body_lines(body)
         positions = work.call_constants.positions.get((mode, path))
         if positions:
@@ -85,6 +87,8 @@ def _mode_bodies(work, path):
         training |= body.needs_training
         by_mode.setdefault(mode, []).append((frame, lines))
         params = params or body.params
+    if len(set(mode_params.values())) > 1:  # one __call__ cannot take both (translation.py keeps one mode)
+        work.modes_differ.append(path)
     out = {}
     for mode, items in by_mode.items():
         arg = work.call_constants.branches.get((mode, path))
@@ -323,6 +327,7 @@ class Classes:
     helpers: frozenset  # the runtime pieces their code asks for
     problems: tuple  # (what, module path, source) that cannot be translated
     draws_noise: bool  # a class draws random numbers (torch.rand...): load() seeds a `noise` stream
+    modes_differ: tuple = ()  # paths of modules given other inputs in train mode than in eval mode
 
 
 class _Work:
@@ -339,6 +344,7 @@ class _Work:
         self.classes: list = []
         self.helpers: set = set()
         self.problems: list = []
+        self.modes_differ: list = []
 
 
 def build_classes(plan) -> Classes:
@@ -388,7 +394,8 @@ def build_classes(plan) -> Classes:
             waves = ((cls, [p for p in paths if _ready(work, p)]) for cls, paths in left.items())
             decide(*next((cls, ready) for cls, ready in waves if ready))
     draws_noise = any(NOISE_STREAM in inst.synth.values() for inst in work.instances.values())
-    return Classes(plan, tuple(work.classes), frozenset(work.helpers), tuple(work.problems), draws_noise)
+    return Classes(plan, tuple(work.classes), frozenset(work.helpers), tuple(work.problems), draws_noise,
+                   tuple(work.modes_differ))
 
 
 def _element_functions(work):

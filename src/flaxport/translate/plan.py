@@ -561,7 +561,7 @@ class Plan:
         tensors = [v for v in inputs if not isinstance(v, str)]
         call = self._recorded_call(frame)
         whole = arguments.sequence_of(tensors, call) if call is not None else None
-        if whole is not None:  # read as `prev_features[i]`, the list itself the parameter (one_parameter)
+        if whole is not None:  # read as `prev_features[i]`, the list itself the parameter (as_one_parameter)
             return [f"{safe_name(whole)}[{i}]" for i in range(len(tensors))]
         return self._guess_param_names(frame, tensors)
 

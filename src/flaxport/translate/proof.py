@@ -10,9 +10,10 @@ translation gives (a mixture of experts sorts token slots by expert id, and the 
 expert are compared in that order; a top-k over a causally masked row picks among -inf). The
 torch module itself runs the same way (ties_in_order): where equal keys decide what the model
 returns (a router HF initialises to zeros: every expert ties), its kernel's own order is one
-answer among equals, and lowest index first the one the translation gives. The JAX side records what every translated module call returns. Rows follow
-torch's execution order (a call's row when it returns, as forward hooks would), so the
-first failing row is the first submodule whose translation computes something else.
+answer among equals, and lowest index first the one the translation gives. The JAX side
+records what every translated module call returns. Rows follow torch's execution order (a
+call's row when it returns, as forward hooks would), so the first failing row is the first
+submodule whose translation computes something else.
 
 A row passes in float64 when max|torch - jax| <= atol + rtol * max|torch| (1e-5 each);
 the float32 figure is reported beside it (float32 rounding, ~1e-6, is expected there).
@@ -306,8 +307,8 @@ def _float32_copy(module, args, kwargs, training: bool):
     """(module, args, kwargs) as float32 copies, in train or eval mode."""
     import torch
 
-    return (set_torch_mode(copy.deepcopy(module), training), [cast_floating(a, torch.float32) for a in args],
-            {k: cast_floating(v, torch.float32) for k, v in kwargs.items()})
+    args32, kwargs32 = cast_floating((list(args), dict(kwargs)), torch.float32)
+    return set_torch_mode(copy_as(module, torch.float32), training), args32, kwargs32
 
 
 def output_leaves(out) -> list:

@@ -80,6 +80,15 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "native",
             notes.append(f"{mode} mode could not be captured ({e}); the model is translated in {primary} mode only")
     captures = dict(sorted(captures.items(), key=lambda kv: kv[0] != "eval"))
     classes = build_classes(Plan(module, captures, f64, layout=layout, example=(args, kwargs)))
+    if classes.modes_differ and len(captures) > 1:
+        # a module the forward hands other arrays in the other mode (HF RWKV's blocks get the weights its
+        # forward rescales in place when the mode changes): one __call__ cannot take both
+        other = next(mode for mode in captures if mode != primary)
+        paths = ", ".join(classes.modes_differ[:3]) + (" ..." if len(classes.modes_differ) > 3 else "")
+        notes.append(f"{other} mode could not be translated ({paths} given other arrays in {other} mode than in "
+                     f"{primary} mode); the model is translated in {primary} mode only")
+        captures = {primary: captures[primary]}
+        classes = build_classes(Plan(module, captures, f64, layout=layout, example=(args, kwargs)))
     plan = classes.plan
     if classes.problems:
         raise UnsupportedOpsError(list(classes.problems))

@@ -197,7 +197,7 @@ def _proof(report, out) -> str:
 
 def _train(t, module, check_train) -> str:
     if "train" not in t.plan.captures:
-        return next((n for n in t.notes if "train mode could not be captured" in n), "train mode not captured")
+        return next((n for n in t.notes if "train mode could not be" in n), "train mode not captured")
     report = check_train(t, module)
     if report.ok:
         return ""
