@@ -90,23 +90,10 @@ def sequence_of(values, call: Call) -> str | None:
     return name
 
 
-def listed(params) -> tuple[str, int] | None:
-    """(list parameter, length) where `params` begin with its elements (`features[0]`,
-    `features[1]`, ...: plan.param_names for a call given one list); None otherwise."""
-    first = params[0] if params else ""
-    if not first.endswith("[0]"):
-        return None
-    name = first[:-3]
-    count = 0
-    while count < len(params) and params[count] == f"{name}[{count}]":
-        count += 1
-    return name, count
-
-
-def as_one_parameter(params) -> list:
-    """__call__'s parameters with a list's elements as the one list parameter."""
-    whole = listed(params)
-    return list(params) if whole is None else [whole[0], *params[whole[1]:]]
+def as_one_parameter(params, whole: tuple[str, int]) -> list:
+    """__call__'s parameters with the list's elements (plan.list_parameter: name, length) as the
+    one list parameter."""
+    return [whole[0], *params[whole[1]:]]
 
 
 def whole_lists(text: str, name: str, count: int) -> str:

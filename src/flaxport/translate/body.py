@@ -87,7 +87,7 @@ class BodyRenderer:
             if not isinstance(v, cap.Frame):
                 self.names[v] = name
         self.live = {name: math.inf for name in params}  # variable name -> the position of its last use
-        self.listed = arguments.listed(params)  # (list parameter, length) for a call given one list
+        self.listed = plan.list_parameter(frame)  # (list parameter, length) for a call given one list
         for v, name in zip(self.inputs, params):
             if not isinstance(v, str) and not name.endswith("]"):  # a list's element is never reassigned
                 self.live[name] = math.inf if cap.is_sym(v) else self.flow.last_use(v)
@@ -115,7 +115,7 @@ class BodyRenderer:
         self.lines.append(self._return(self.outputs))
         params = self.capture.input_names if self.frame.parent is None else self._param_names(self.frame)
         if self.listed:  # the list read whole is the parameter itself
-            params = arguments.as_one_parameter(params)
+            params = arguments.as_one_parameter(params, self.listed)
             self.lines = [arguments.whole_lists(line, *self.listed) for line in self.lines]
         return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
                     list(self.outputs), self.problems)
@@ -390,7 +390,7 @@ class BodyRenderer:
                                   f"{self.path}, which does not hold it (a module passed as an argument)",
                                   self.path, ""))
             return Expr(f"unsupported_{safe_name(u.frame.path)}()")
-        whole = arguments.listed(self.plan.param_names(u.frame))
+        whole = self.plan.list_parameter(u.frame)
         if whole is not None:  # one list, as the source passes it
             args = [f"[{', '.join(args[:whole[1]])}]", *args[whole[1]:]]
         attr = self.plan.attr_expr(self.path, u.frame.path)

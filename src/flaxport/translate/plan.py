@@ -559,11 +559,20 @@ class Plan:
         if frame.parent is None:
             return list(capture.input_access)
         tensors = [v for v in inputs if not isinstance(v, str)]
+        whole = self.list_parameter(frame)
+        if whole is not None:  # read as `prev_features[i]`, the list itself the parameter
+            return [f"{whole[0]}[{i}]" for i in range(whole[1])]
+        return self._guess_param_names(frame, tensors)
+
+    def list_parameter(self, frame) -> tuple[str, int] | None:
+        """(parameter, length) where the call was given one list of tensors and reads all of it
+        (arguments.sequence_of: DenseNet's layer), else None."""
+        if frame.parent is None:
+            return None
+        tensors = [v for v in self.io(frame)[0] if not isinstance(v, str)]
         call = self._recorded_call(frame)
         whole = arguments.sequence_of(tensors, call) if call is not None else None
-        if whole is not None:  # read as `prev_features[i]`, the list itself the parameter (as_one_parameter)
-            return [f"{safe_name(whole)}[{i}]" for i in range(len(tensors))]
-        return self._guess_param_names(frame, tensors)
+        return None if whole is None else (safe_name(whole), len(tensors))
 
     def _guess_param_names(self, frame, inputs) -> list:
         """The forward's own parameter names: the argument the call was given each input as, where
