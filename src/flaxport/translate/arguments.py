@@ -13,7 +13,6 @@ map so far) takes the list as one parameter: its class is one code whatever the 
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 
@@ -34,41 +33,45 @@ def recorded_calls(module, example) -> dict:
     where the model does not run again). A train-mode capture calls its modules with the same arrays."""
     import torch
 
-    from flaxport.port.weights import set_torch_mode
+    from flaxport.translate.copies import WritesShared, on_copy
 
-    # a copy of everything: a forward may write its own weights (HF RWKV rescales them in place)
-    model = set_torch_mode(copy.deepcopy(module), False)
-    paths: dict = {}
-    for path, sub in model.named_modules(remove_duplicate=False):
-        paths.setdefault(id(sub), []).append(path)
-    calls: dict = {}
-    handles = []
-    for sub in model.modules():
-        made = []  # one list, under each of the module's paths
-        for path in paths[id(sub)]:
-            calls[path] = made
-        signature = inspect.signature(type(sub).forward)
+    def forward(model):
+        paths: dict = {}
+        for path, sub in model.named_modules(remove_duplicate=False):
+            paths.setdefault(id(sub), []).append(path)
+        calls: dict = {}
+        handles = []
+        for sub in model.modules():
+            made = []  # one list, under each of the module's paths
+            for path in paths[id(sub)]:
+                calls[path] = made
+            signature = inspect.signature(type(sub).forward)
 
-        def record(mod, args, kwargs, made=made, signature=signature):
-            try:
-                bound = signature.bind(mod, *args, **kwargs).arguments
-            except TypeError:
-                return
-            made.append(Call({name: _described(v) for name, v in bound.items() if torch.is_tensor(v)},
-                             {name: v for name, v in bound.items() if _is_literal(v)},
-                             {name: [_described(t) for t in v] for name, v in bound.items()
-                              if isinstance(v, (list, tuple)) and v and all(torch.is_tensor(t) for t in v)}))
+            def record(mod, args, kwargs, made=made, signature=signature):
+                try:
+                    bound = signature.bind(mod, *args, **kwargs).arguments
+                except TypeError:
+                    return
+                made.append(Call({name: _described(v) for name, v in bound.items() if torch.is_tensor(v)},
+                                 {name: v for name, v in bound.items() if _is_literal(v)},
+                                 {name: [_described(t) for t in v] for name, v in bound.items()
+                                  if isinstance(v, (list, tuple)) and v and all(torch.is_tensor(t) for t in v)}))
 
-        handles.append(sub.register_forward_pre_hook(record, with_kwargs=True))
-    try:
-        with torch.no_grad(), torch.random.fork_rng():  # its dropout leaves torch's generator where it was
-            model(*example[0], **example[1])
-    except Exception:  # noqa: BLE001 - a model that will not run again keeps the names read from source
-        return {}
-    finally:
-        for handle in handles:
-            handle.remove()
-    return calls
+            handles.append(sub.register_forward_pre_hook(record, with_kwargs=True))
+        try:
+            with torch.no_grad(), torch.random.fork_rng():  # its dropout leaves torch's generator where it was
+                model(*example[0], **example[1])
+        except WritesShared:
+            raise
+        except Exception:  # noqa: BLE001 - a model that will not run again keeps the names read from source
+            return {}
+        finally:
+            for handle in handles:
+                handle.remove()
+        return calls
+
+    # a forward that writes its own weights (HF RWKV rescales them in place) runs on a copy of its own
+    return on_copy(module, forward, training=False)
 
 
 def _described(tensor) -> tuple:

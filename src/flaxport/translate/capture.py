@@ -17,7 +17,6 @@ dimension (or refuses dynamic shapes) it is a literal. Then:
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import inspect
 import io
@@ -27,6 +26,7 @@ import time
 import warnings
 
 from flaxport.port.weights import set_torch_mode
+from flaxport.translate.copies import BUFFERS, PARAMETERS, copy_as
 from flaxport.translate import layers as layer_table
 from flaxport.translate import marks
 from flaxport.translate.decompose import decompose
@@ -113,6 +113,21 @@ class Capture:
     float_casts: dict = dataclasses.field(default_factory=dict)  # node_keys key -> dtype, casts that change it
     nodes_by_key: dict = dataclasses.field(default_factory=dict)  # node_keys key -> node (before dropping)
     export_seconds: float | None = None  # CPU seconds torch.export took
+
+    def release_weights(self) -> None:
+        """Drop the exported copy's parameters and buffers, keeping their shapes and dtypes (meta
+        tensors) and its modules, whose types and attributes the frames read. The float64 capture
+        holds the model twice over in a copy of its own; the proof casts a fresh one while it runs."""
+        import torch
+
+        for sub in self.module.modules():
+            for name, p in sub._parameters.items():
+                if p is not None:
+                    sub._parameters[name] = torch.nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
+            for name, b in sub._buffers.items():
+                if b is not None:
+                    sub._buffers[name] = b.to("meta")
+        self.program.state_dict.clear()  # the same tensors, by name
 
     def node_frames(self) -> dict:
         """fx node -> the Frame it ran in."""
@@ -285,8 +300,8 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
     kwargs = dict(kwargs or {})
     # the copy shares the weights (export reads them, never writes them): a copy per mode would
     # hold the model's size again each time; a copy to cast owns its own
-    shared = {} if dtype is not None else {id(t): t for t in [*module.parameters(), *module.buffers()]}
-    m = set_torch_mode(copy.deepcopy(module, shared), train)
+    m = set_torch_mode(copy_as(module, dtype) if dtype is not None else copy_as(module, share=(PARAMETERS, BUFFERS)),
+                       train)
     if train:
         for sub in m.modules():
             # BatchNorm(momentum=None) reads float(num_batches_tracked) in train mode, which export
@@ -294,7 +309,6 @@ def capture(module, args, kwargs=None, *, train: bool, dtype=None, dynamic="all"
             if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.momentum is None:
                 sub.momentum = 0.1
     if dtype is not None:
-        m = m.to(dtype)
         args, kwargs = cast_floating((tuple(args), dict(kwargs)), dtype)
     started = time.process_time()
     with torch.no_grad(), marks.marking(m, layer_table.marks_calls):

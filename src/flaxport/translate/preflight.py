@@ -4,7 +4,6 @@ a failed capture or an error deep inside the proof."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import traceback
 from pathlib import Path
 
@@ -22,30 +21,33 @@ def check_forward(module, args, kwargs) -> None:
     import torch
 
     from flaxport.translate.capture import _quiet
+    from flaxport.translate.copies import WritesShared, on_copy
 
-    m = copy.deepcopy(module)
-    running = []  # (path, module) of the calls entered and not yet returned, outermost first
-    names = {id(sub): path for path, sub in m.named_modules()}
+    def forward(m):
+        running = []  # (path, module) of the calls entered and not yet returned, outermost first
+        names = {id(sub): path for path, sub in m.named_modules()}
 
-    def enter(sub, inputs):
-        running.append(sub)
+        def enter(sub, inputs):
+            running.append(sub)
 
-    def leave(sub, inputs, output):  # returns None: the output stays as it is
-        running.pop()
+        def leave(sub, inputs, output):  # returns None: the output stays as it is
+            running.pop()
 
-    hooks = []
-    for sub in m.modules():
-        hooks += [sub.register_forward_pre_hook(enter), sub.register_forward_hook(leave)]
-    try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad(), _quiet():
-            m(*args, **kwargs)
-    except (MemoryError, KeyboardInterrupt):
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's forward: one line naming where it failed
-        raise ForwardError(describe(e, [(names.get(id(s), "?"), s) for s in running])) from e
-    finally:
-        for h in hooks:
-            h.remove()
+        hooks = []
+        for sub in m.modules():
+            hooks += [sub.register_forward_pre_hook(enter), sub.register_forward_hook(leave)]
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad(), _quiet():
+                m(*args, **kwargs)
+        except (MemoryError, KeyboardInterrupt, WritesShared):
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's forward: one line naming where it failed
+            raise ForwardError(describe(e, [(names.get(id(s), "?"), s) for s in running])) from e
+        finally:
+            for h in hooks:
+                h.remove()
+
+    on_copy(module, forward, training=None)
 
 
 def describe(e: Exception, running: list) -> str:

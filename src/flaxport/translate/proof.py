@@ -24,7 +24,6 @@ a row whose float32 difference exceeds 1e-3 x max|torch| fails.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import math
@@ -38,6 +37,7 @@ from flaxport.port.report import SENSITIVE
 from flaxport.port.weights import set_torch_mode
 from flaxport.translate import marks
 from flaxport.translate.capture import cast_floating
+from flaxport.translate.copies import PARAMETERS, WritesShared, copy_as, on_copy, writes_refused
 from flaxport.translate.sensitivity import MARGIN, NUDGE, torch_spread
 
 ATOL = RTOL = 1e-5
@@ -193,16 +193,22 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
     dtype = torch.float64 if f64 else None
     args = [cast_floating(a, dtype) for a in t.example_args]
     kwargs = {k: cast_floating(v, dtype) for k, v in t.example_kwargs.items()}
-    # in float64 the eval capture's own copy runs (the model cast once, held anyway), its buffers put back
-    exported = f64 and capture.mode == "eval"
-    torch_module = capture.module if exported else set_torch_mode(copy_as(module, dtype), False)
-    kept = {name: b.clone() for name, b in torch_module.named_buffers()} if exported else {}
-    garbage_in = not_finite_in(torch_module, args, kwargs)
-    with _torch_precision(), torch.no_grad(), ties_in_order(), torch_noise(capture) as (draws, masks):
-        torch_out = torch_module(*args, **kwargs)
+    garbage_in = not_finite_in(module, args, kwargs)
+
+    def forward(torch_module):
+        with _torch_precision(), torch.no_grad(), ties_in_order(), torch_noise(capture) as (draws, masks):
+            return torch_module(*args, **kwargs), draws, masks
+
+    if f64:  # a copy cast as it is made, its buffers put back for the interpreter after the forward
+        torch_module = set_torch_mode(copy_as(module, dtype), False)
+        kept = {name: b.clone() for name, b in torch_module.named_buffers()}
+        torch_out, draws, masks = forward(torch_module)
         for name, b in torch_module.named_buffers():
-            if name in kept:
-                b.copy_(kept[name])
+            b.copy_(kept[name])
+        del kept
+    else:  # the model's own weights, read in place (the eval capture's copy shares them too)
+        torch_out, draws, masks = on_copy(module, forward, training=False)
+        torch_module = capture.module
     torch_leaves = output_leaves(torch_out)
     if f64 and not garbage_in and not _finite_leaves(torch_leaves):
         def float32_leaves():
@@ -211,12 +217,12 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
                 return output_leaves(m(*a, **k))
 
         _float64_is_the_model(float32_leaves)
-    del torch_module, kept  # a copy of the weights: the JAX side needs the room
     compared = {node.name for frame in capture.root.walk() for node in plan.io(frame)[1]}
     try:
-        env = _interpret(capture, args, kwargs, draws, masks, keep=compared)
+        env = _interpret(capture, args, kwargs, draws, masks, keep=compared, module=torch_module)
     except rnd.DrawMismatch as e:
         return [_draws_differ(e)]
+    del torch_module  # in float64 a copy of the weights: the JAX side needs the room
 
     x64 = jax.enable_x64(True) if f64 else contextlib.nullcontext()
     with x64, jax.default_matmul_precision("highest"):
@@ -282,25 +288,6 @@ def _float64_is_the_model(float32_leaves) -> None:
     if _finite_leaves(float32_leaves()):
         raise Float64Differs("torch's own float64 forward gives NaN/inf where float32 does not "
                              "(a dtype's constant overflowing float32)")
-
-
-def copy_as(module, dtype=None):
-    """A deep copy of the torch module, its floating parameters and buffers cast to `dtype` as they
-    are copied (None: kept): the model once in the new dtype, not once more in its own first."""
-    import torch
-
-    if dtype is None:
-        return copy.deepcopy(module)
-
-    def cast(t):
-        return t.detach().to(dtype) if t.is_floating_point() else t.detach().clone()
-
-    memo = {}
-    for p in module.parameters():
-        memo[id(p)] = torch.nn.Parameter(cast(p), requires_grad=p.requires_grad)
-    for b in module.buffers():
-        memo[id(b)] = cast(b)
-    return copy.deepcopy(module, memo)
 
 
 def _float32_copy(module, args, kwargs, training: bool):
@@ -595,15 +582,16 @@ def _replay(draws):
     return rnd.jax_replay(draws.standard) if draws is not None else contextlib.nullcontext()
 
 
-def _interpret(capture, args, kwargs, draws=None, masks=None, keep=None) -> dict:
+def _interpret(capture, args, kwargs, draws=None, masks=None, keep=None, module=None) -> dict:
     """{node name: NumPy value} of the captured graph run by torch on the inputs (random ops
     return torch's `draws` of the module's own run, dropout its `masks`: a DropoutLog), for the
-    computed nodes named in `keep` (None: every one)."""
+    computed nodes named in `keep` (None: every one), with the parameters and buffers of `module`
+    (None: the capture's own copy)."""
     import torch
     import torch.fx
     from torch.utils import _pytree
 
-    module = capture.module
+    module = capture.module if module is None else module
     params = dict(module.named_parameters(remove_duplicate=False))  # tied weights: every name
     buffers = dict(module.named_buffers(remove_duplicate=False))
     from flaxport.translate.capture import signature_arguments
@@ -769,19 +757,13 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     dropout probabilities set to 0, the translation's nnx.Dropout made deterministic):
     the outputs, then every buffer torch updated (BatchNorm running statistics and
     num_batches_tracked) against the translation's. -> ParityReport(train=True)."""
-    import jax
-    import jax.numpy as jnp
     import torch
-    from flax import nnx
 
     f64 = precision == "float64"
     dtype = torch.float64 if f64 else None
     args = [cast_floating(a, dtype) for a in t.example_args]
     kwargs = {k: cast_floating(v, dtype) for k, v in t.example_kwargs.items()}
-    torch_module = set_torch_mode(copy_as(module, dtype), True)
-    # the buffers: what a forward updates (the parameters as well would hold the model once more)
-    before = {k: v.detach().clone() for k, v in torch_module.named_buffers()}
-    garbage_in = not_finite_in(torch_module, args, kwargs)
+    garbage_in = not_finite_in(module, args, kwargs)
     capture = t.plan.captures.get("train") or next(iter(t.plan.captures.values()))
     draws = rnd.Draws() if draws_noise(capture) else None
     rng_state = torch.get_rng_state()
@@ -791,8 +773,21 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
                 torch_dropout("off", None, DropoutLog()):
             return m(*args, **kwargs)
 
+    def train_copy(share=()):
+        """A copy in train mode: cast to dtype, or in the model's dtype sharing `share` with it."""
+        return set_torch_mode(copy_as(module, dtype, share=share), True)
+
     try:
-        torch_out = run(torch_module, args, kwargs, _recording(draws))
+        try:  # in the model's dtype the parameters are read in place: the buffers are what a forward writes
+            torch_module = train_copy((PARAMETERS,) if dtype is None else ())
+            torch_out, before = _train_forward(torch_module, lambda m: run(m, args, kwargs, _recording(draws)),
+                                               refuse=dtype is None)
+        except WritesShared:  # a forward that writes its own weights: on a copy of its own
+            torch_module = train_copy()
+            draws = rnd.Draws() if draws_noise(capture) else None
+            torch.set_rng_state(rng_state)
+            torch_out, before = _train_forward(torch_module, lambda m: run(m, args, kwargs, _recording(draws)),
+                                               refuse=False)
         if f64 and not garbage_in and not _finite_leaves(output_leaves(torch_out)):
             _float64_is_the_model(lambda: output_leaves(run(*_float32_copy(module, args, kwargs, training=True))))
     except RuntimeError as e:
@@ -806,27 +801,54 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         why = f"float32: torch cannot run it in float64 ({str(e).splitlines()[0][:120]})"
         return dataclasses.replace(report, rows=[dataclasses.replace(r, note=r.note or why) for r in report.rows])
     torch_leaves = output_leaves(torch_out)
-    after = dict(torch_module.named_buffers())
+    after = {k: v.clone() for k, v in torch_module.named_buffers()}
     changed = [k for k in after if not torch.equal(after[k], before[k])]
+    del torch_module  # in float64 a copy of the weights: the JAX side needs the room
+    return _compare_train(t, torch_out, torch_leaves, before, after, changed, run, args, kwargs, garbage_in, capture,
+                          draws, rng_state, train_copy, f64, atol, rtol)
 
+
+def _train_forward(torch_module, forward, refuse: bool = True):
+    """(forward(torch_module), its buffers before it: what a train-mode forward updates). refuse: raise
+    WritesShared before any op writes one of its parameters (they are shared)."""
+    before = {k: v.detach().clone() for k, v in torch_module.named_buffers()}
+    refused = []
+    with writes_refused(list(torch_module.parameters()) if refuse else [], refused):
+        out = forward(torch_module)
+    if refused:  # the forward caught the refusal and ran on without the write
+        raise WritesShared(refused[0])
+    return out, before
+
+
+def _compare_train(t, torch_out, torch_leaves, before, after, changed, run, args, kwargs, garbage_in, capture, draws,
+                   rng_state, train_copy, f64: bool, atol, rtol) -> ParityReport:
+    """check_train's rows, torch's train-mode forward done: `torch_out` (`torch_leaves`), the buffers
+    `before` and `after` it, the names of those it `changed`; train_copy() makes the torch module
+    again for torch_spread."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    dtype = torch.float64 if f64 else None
     x64 = jax.enable_x64(True) if f64 else contextlib.nullcontext()
     with x64, jax.default_matmul_precision("highest"):
         model = t.new_model(dtype=jnp.float64 if f64 else None)
         model.train()
         model.set_attributes(nnx.Dropout, deterministic=True, raise_if_not_found=False)
         inputs = jax_arguments(t, dtype)
-        graphdef, state = nnx.split(model)
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
-        def step(state, xs):
-            m = nnx.merge(graphdef, state)
-            return m(*xs), nnx.state(m)
+        def step(params, rest, xs):
+            m = nnx.merge(graphdef, params, rest)
+            return m(*xs), nnx.state(m, nnx.Not(nnx.Param))  # a jitted function's outputs are new arrays
 
         try:
             with _replay(draws), FlaxMasks([], "off", False).nnx():
-                jax_out, state = jax.jit(step, compiler_options=FAST_COMPILE)(state, inputs)
+                jax_out, rest = jax.jit(step, compiler_options=FAST_COMPILE)(params, rest, inputs)
         except rnd.DrawMismatch as e:
             return ParityReport([_draws_differ(e)], True, atol, rtol)
-        nnx.update(model, state)
+        nnx.update(model, rest)
         jax_leaves = [np.asarray(a) for a in leaves_like(jax_out, torch_out)]
         saved = _state_dict_of(t, model)
     rows = []
@@ -844,7 +866,7 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         rows.append(_row("running_stats", k, "/".join(map(str, t.names[k])), after[k].numpy(), saved[k], atol, rtol,
                          garbage_in=garbage_in))
     if f64 and not all(r.ok for r in rows):
-        own = torch_spread(torch_module, before, args, kwargs, rng_state,
+        own = torch_spread(train_copy(), before, args, kwargs, rng_state,
                            lambda m, a, k: [np.asarray(leaf) for leaf in output_leaves(run(m, a, k))],
                            {row.torch_name: leaf for row, leaf in zip(rows, torch_leaves)},
                            {k: after[k].numpy() for k in changed})

@@ -12,9 +12,9 @@ there is as right as rounding allows; its row says so, with the figure.
 """
 from __future__ import annotations
 
-import copy
-
 import numpy as np
+
+from flaxport.translate.copies import PARAMETERS, copy_as
 
 NUDGE = 1e-14  # ~50 float64 ulps: more than the rounding two implementations disagree by
 RUNS = 3  # nudges with different patterns: torch's spread is the largest move among them
@@ -51,7 +51,7 @@ def torch_spread(module, state: dict, args, kwargs, rng_state, run, outputs: dic
 
     moved = dict.fromkeys([*outputs, *buffers], 0.0)
     saved = torch.get_rng_state()
-    twin = copy.deepcopy(module)  # one copy, its state reset before each run
+    twin = copy_as(module, share=(PARAMETERS,))  # one copy, its buffers reset before each run
     try:
         for seed in range(RUNS):
             twin.load_state_dict(state, strict=False)  # the buffers: what a forward changes

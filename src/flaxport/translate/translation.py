@@ -98,6 +98,8 @@ def translate(module, *example_args, layout: str = "nchw", conv: str = "native",
     else:  # no convolution: the header says nothing of kernels
         source = source.replace(_NATIVE_HEADER, "", 1)
     t = Translation(source, module, plan, classes, primary, args, kwargs, notes)
+    if f64 is not None:
+        f64.release_weights()
     if check:
         from flaxport.translate.proof import prove
 
@@ -199,7 +201,12 @@ class Translation:
         self.namespace = _load_namespace(source, type(module).__name__)
         self.root_class = classes.classes[-1].name
         self._state_keys = list(module.state_dict().keys())
-        self._torch_state = {k: _np(v) for k, v in module.state_dict().items()}
+        state = module.state_dict()
+        # the floating tensors copied once, into immutable JAX arrays: every model new_model makes in their
+        # dtype holds those arrays, and _torch_state views them (one copy of the weights, not one a model)
+        self._arrays = {k: _jax(v) for k, v in state.items() if str(v.dtype) in _JAX_DTYPES}
+        self._torch_state = {k: np.asarray(self._arrays[k]) if k in self._arrays else _np(v) for k, v in state.items()}
+        del state
         extra = {}
         for name, b in module.named_buffers():
             if name not in self._torch_state and b is not None:
@@ -247,7 +254,7 @@ class Translation:
         import jax.numpy as jnp
 
         model = abstract_model(self.namespace[self.root_class], seed)
-        values = {**self._torch_state, **self._extra}
+        values = {**self._torch_state, **self._arrays, **self._extra}
         if dtype is not None and jnp.dtype(dtype) == jnp.float64:
             values.update(self._extra64)
         self._set(model, values, dtype)
@@ -268,6 +275,9 @@ class Translation:
             var = variables.get(path)
             if var is None:
                 missing.append(name)
+                continue
+            if isinstance(array, jax.Array) and dtype is None and name not in self.plan.flat_weights:
+                var.set_value(array)  # immutable: the models made here share it
                 continue
             a = np.asarray(array)
             if dtype is not None and np.issubdtype(a.dtype, np.floating):
@@ -405,6 +415,18 @@ def abstract_model(cls, seed: int = 0):
     for _, var in nnx.to_flat_state(nnx.state(model, nnx.RngCount)):
         var.set_value(jnp.zeros((), jnp.uint32))
     return model
+
+
+# the tensor dtypes JAX holds as they are without float64 switched on
+_JAX_DTYPES = ("torch.float32", "torch.bfloat16", "torch.float16")
+
+
+def _jax(v):
+    """A floating tensor's values as a JAX array of its dtype (one copy)."""
+    import jax.numpy as jnp
+
+    v = v.detach().cpu()
+    return jnp.asarray(_np(v) if str(v.dtype) == "torch.bfloat16" else v.numpy())
 
 
 def _np(v) -> np.ndarray:

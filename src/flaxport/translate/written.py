@@ -10,13 +10,14 @@ this checks the files.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib.util
 import math
 import os
 
 import numpy as np
+
+from flaxport.translate.copies import copy_as, on_copy
 
 # float32 rounding leaves ~1e-6 of max|torch|; a weight read into the wrong place is off by order 1
 FLOAT32_RTOL = 1e-3
@@ -39,8 +40,12 @@ def check_written(t, module, directory) -> WrittenCheck:
                                          torch_noise, uninitialised_outputs)
 
     capture = t.plan.captures.get("eval") or next(iter(t.plan.captures.values()))
-    with torch_noise(capture) as (draws, masks), torch.no_grad(), ties_in_order():
-        torch_out = copy.deepcopy(module).eval()(*t.example_args, **t.example_kwargs)
+
+    def forward(torch_module):
+        with torch_noise(capture) as (draws, masks), torch.no_grad(), ties_in_order():
+            return torch_module(*t.example_args, **t.example_kwargs), draws, masks
+
+    torch_out, draws, masks = on_copy(module, forward, training=False)
     # a Python number torch returns (.item(), a torch.Size) is an array in model.py's output
     expected = [to_numpy(a) for a in torch.utils._pytree.tree_leaves(torch_out)
                 if torch.is_tensor(a) or isinstance(a, (int, float))]
@@ -80,6 +85,7 @@ def check_written(t, module, directory) -> WrittenCheck:
             return WrittenCheck("model.py's train-mode output is not finite where torch's eval-mode output is",
                                 float32, note)
     if getattr(t, "train_step", None) is not None and os.path.exists(os.path.join(directory, "train_step.py")):
+        del model  # the step loads its own: the weights once, not twice, beside its gradients
         return WrittenCheck(_first_step(t, model_py, directory), float32, note)
     return WrittenCheck("", float32, note)
 
@@ -96,8 +102,8 @@ def _float64_agrees(t, module, model_py, directory, capture) -> float | None:
 
     from flaxport.port.parity import compare
     from flaxport.translate.capture import cast_floating
-    from flaxport.translate.proof import (ATOL, RTOL, copy_as, jax_arguments, jax_noise, leaves_like,
-                                         ties_in_order, to_numpy, torch_noise)
+    from flaxport.translate.proof import (ATOL, RTOL, jax_arguments, jax_noise, leaves_like, ties_in_order, to_numpy,
+                                         torch_noise)
 
     args = [cast_floating(a, torch.float64) for a in t.example_args]
     kwargs = {k: cast_floating(v, torch.float64) for k, v in t.example_kwargs.items()}
@@ -165,12 +171,12 @@ def _call(model, inputs):
 
     from flaxport.translate.proof import FAST_COMPILE  # compiled once, run once: as the proof compiles
 
-    graphdef, state = nnx.split(model)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
-    def call(state):
-        m = nnx.merge(graphdef, state)
-        return m(*inputs), nnx.state(m)
+    def call(params, rest):
+        m = nnx.merge(graphdef, params, rest)
+        return m(*inputs), nnx.state(m, nnx.Not(nnx.Param))  # a jitted function's outputs are new arrays
 
-    out, state = jax.jit(call, compiler_options=FAST_COMPILE)(state)
-    nnx.update(model, state)
+    out, rest = jax.jit(call, compiler_options=FAST_COMPILE)(params, rest)
+    nnx.update(model, rest)
     return out

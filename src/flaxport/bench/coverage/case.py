@@ -20,7 +20,6 @@ torchax runs the same module on the same inputs beside it (see peer.py).
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib
 import json
 import math
@@ -171,8 +170,12 @@ def exports(module, args, kwargs) -> tuple[bool, str]:
     """(captured, reason): whether plain torch.export.export (non-strict, eval mode) captures the forward."""
     import torch
 
-    try:
-        torch.export.export(copy.deepcopy(module).eval(), tuple(args), dict(kwargs), strict=False)
+    from flaxport.port.weights import set_torch_mode
+    from flaxport.translate.copies import BUFFERS, PARAMETERS, copy_as
+
+    try:  # export traces with fake tensors: the copy can share the weights
+        torch.export.export(set_torch_mode(copy_as(module, share=(PARAMETERS, BUFFERS)), False), tuple(args),
+                            dict(kwargs), strict=False)
     except Exception as e:  # noqa: BLE001
         return False, f"torch.export: {one_line(e)}"
     return True, ""
@@ -222,8 +225,13 @@ def torch_output(module, args, kwargs):
     """The module's eval-mode output on the example (for the structure the JAX output is read in)."""
     import torch
 
-    with torch.no_grad():
-        return copy.deepcopy(module).eval()(*args, **kwargs)
+    from flaxport.translate.copies import on_copy
+
+    def forward(m):
+        with torch.no_grad():
+            return m(*args, **kwargs)
+
+    return on_copy(module, forward, training=False)
 
 
 def summarize(samples: list) -> dict:
