@@ -236,10 +236,10 @@ class DenseLayer(nn.Module):
 
 
 class DenseNet(nn.Module):
-    def __init__(self):
+    def __init__(self, stem: bool = True):
         super().__init__()
-        self.stem = nn.Conv2d(3, 4, 3, padding=1)
-        self.layers = nn.ModuleList([DenseLayer(4 + 2 * i, 2) for i in range(3)])
+        self.stem = nn.Conv2d(3, 4, 3, padding=1) if stem else nn.Identity()
+        self.layers = nn.ModuleList([DenseLayer((4 if stem else 3) + 2 * i, 2) for i in range(3)])
 
     def forward(self, x):
         features = [self.stem(x)]
@@ -248,20 +248,23 @@ class DenseNet(nn.Module):
         return torch.cat(features, 1)
 
 
-def test_a_layer_given_a_growing_list_is_one_class_taking_the_list(tmp_path):
+@pytest.mark.parametrize("stem", [True, False], ids=["after-a-stem", "at-the-input"])
+def test_a_layer_given_a_growing_list_is_one_class_taking_the_list(tmp_path, stem):
+    """The first layer's list holds a convolution's output or the model's own input: one class either way."""
     import re
 
     from flaxport.translate import translate
     from flaxport.translate.proof import check_train
     from flaxport.translate.written import check_written
 
-    module = DenseNet().eval()
+    module = DenseNet(stem).eval()
     t = translate(module, torch.randn(2, 3, 8, 8))
     assert t.report.ok, t.report.first_divergence
     assert re.findall(r"^class (\w+)", t.source[:t.source.index("def load")], re.M) == ["DenseLayer", "DenseNet"]
-    assert "def __call__(self, prev_features):" in t.source and "(prev_features)" in t.source
-    assert "self.layers[2]([features, h, h2])" in t.source
-    assert "DenseLayer(6, rngs=rngs)" in t.source and "def __init__(self, in_channels, *, rngs" in t.source
+    assert "def __call__(self, prev_features):" in t.source and "concatenate_channels(prev_features)" in t.source
+    assert f"self.layers[2]([{'features' if stem else 'x'}, h, h2])" in t.source
+    assert f"DenseLayer({6 if stem else 5}, rngs=rngs)" in t.source
+    assert "def __init__(self, in_channels, *, rngs" in t.source
     assert check_train(t, module.train()).ok
     t.save(tmp_path)
     assert check_written(t, module.eval(), tmp_path).problem == ""

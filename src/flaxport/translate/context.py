@@ -130,12 +130,20 @@ class OpContext:
         return self.body.plan.layout_of(self.body.capture, self.node) == "last"
 
     def torch_layout_image(self, v) -> bool:
-        """Is fx value `v` a feature map (layout.image_value) that this op reads in torch's layout?
-        The runtime's channels-last functions then compute on it (concatenate_channels,
-        apply_channels_last, multiply_channels), so the transposes meet the convolutions'."""
+        """Is fx value `v` a feature map (layout.image_value, or a 4-D floating input of the model) that
+        this op reads in torch's layout? The runtime's channels-last functions then compute on it
+        (concatenate_channels, apply_channels_last, multiply_channels), so the transposes meet the
+        convolutions'. The model's images count as feature maps so that a module gets the same code
+        whether a call hands it the input or a convolution's output (a DenseNet block at the input)."""
         from flaxport.translate.layout import image_value
 
-        return not self.channels_last and hasattr(v, "meta") and image_value(v)
+        if self.channels_last or not hasattr(v, "meta"):
+            return False
+        placeholder = self.body.capture.placeholders.get(v)
+        if placeholder is not None:
+            value = v.meta.get("val")
+            return placeholder.kind == "input" and getattr(value, "ndim", 0) == 4 and value.is_floating_point()
+        return image_value(v)
 
     def layout_dim(self, dim: int, arg: str = "self") -> int:
         """torch's dim `dim` of argument `arg`, as an axis of the array the op receives."""

@@ -24,7 +24,8 @@ class _Body:
         self.helpers = set()
         self.synth = {}
         self.needs_training = False
-        self.capture = type("C", (), {"mode": "eval"})()
+        # the op's tensor arguments stand for values a model computes, not for the model's own inputs
+        self.capture = type("C", (), {"mode": "eval", "placeholders": {}})()
         self.plan = type("P", (), {"twin": lambda *a: None, "dtype_reference": lambda *a: None,
                                    "wanted": lambda *a: "torch", "layout_of": lambda *a: "torch",
                                    "flattens_channels_last": lambda *a: False})()

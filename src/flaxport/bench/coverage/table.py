@@ -89,7 +89,7 @@ def failures(records: list) -> str:
         cases = by_step[step]
         lines.append(f"- **{step}** ({len(cases)}):")
         lines += [f"  - `{r['name']}`: {_cell(_reason(r))}" for r in cases]
-    return "\n".join(lines) + ("\n" if lines else "")
+    return "\n".join(lines) + "\n" if lines else "Every case proves.\n"
 
 
 def _ratio(x) -> str:
