@@ -267,6 +267,7 @@ def test_translation_takes_three_adam_steps_like_torch(name):
 
     import translate_zoo as zoo
     from flaxport.port import check_step
+    from flaxport.translate import translate_function
 
     if name == "bert":
         pytest.importorskip("transformers")
@@ -278,13 +279,16 @@ def test_translation_takes_three_adam_steps_like_torch(name):
         # at 1e-16 reaches 1e-5 by step 3 even in float64 (docs/porting.md); 8 values are well posed
         inputs = (torch.randn(8, 3, 32, 32, generator=g),)
     out = module(*inputs)
+    flax_loss = None
     if name == "bert":
         loss_fn, targets = _bert_loss, torch.randn(out[0].shape, generator=g)
+        # a loss of the user's own: check_step takes its JAX form, translated from the torch function
+        flax_loss = translate_function(_bert_loss, (out[0].detach(), out[1].detach()), targets)
     else:
         loss_fn = torch.nn.functional.cross_entropy
         targets = torch.randint(0, out.shape[1], (out.shape[0],), generator=g)
     report = check_step(module, torch.optim.Adam(module.parameters(), lr=1e-3), loss_fn, t, (inputs, targets),
-                        steps=3)
+                        steps=3, flax_loss_fn=flax_loss)
     assert report.ok, str(report)
     assert all(r.rounding for r in report.rows if not r.ok), str(report)
     report64 = report.float64_report  # the float64 recheck of the rows float32 failed, when any did
@@ -293,7 +297,8 @@ def test_translation_takes_three_adam_steps_like_torch(name):
             tm = copy.deepcopy(module).double()
             xs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
             y64 = targets.double() if targets.is_floating_point() else targets
-            report64 = check_step(tm, torch.optim.Adam(tm.parameters(), lr=1e-3), loss_fn, t, (xs, y64), steps=3)
+            report64 = check_step(tm, torch.optim.Adam(tm.parameters(), lr=1e-3), loss_fn, t, (xs, y64), steps=3,
+                                  flax_loss_fn=flax_loss)
     assert report64.dtype == "float64" and report64.strict_ok, str(report64)
     assert max(r.max_abs for r in report64.rows) < 1e-8, str(report64)
     assert {r.phase for r in report64.rows} >= {"loss", "grad", "param", "moment"}
