@@ -41,29 +41,32 @@ def copy_as(module, dtype=None, share=()):
     return copy.deepcopy(module, memo)
 
 
-def on_copy(module, forward, training: bool | None, share=(PARAMETERS,)):
+def on_copy(module, forward, training: bool | None, share=(PARAMETERS,), dtype=None):
     """forward(copy) for a copy of `module` in train or eval mode (None: each submodule in its own)
     that holds what `share` names as the module's own tensors (by default the parameters: the
     buffers, which a train-mode forward updates, are small and copied). An op that would write a
     shared tensor (a forward that rescales its weights in place) is stopped before it writes, and
-    forward runs again on a copy of its own: the module is left as it was either way."""
+    forward runs again on a copy of its own: the module is left as it was either way.
+    dtype: the copy cast to it instead, its own from the start (nothing shared)."""
     from flaxport.port.weights import set_torch_mode
 
     def mode(m):
         return m if training is None else set_torch_mode(m, training)
 
-    shared = mode(copy_as(module, share=share))
-    tensors = [*(shared.parameters() if PARAMETERS in share else ()), *(shared.buffers() if BUFFERS in share else ())]
-    refused = []
-    try:
-        with writes_refused(tensors, refused):
-            out = forward(shared)
-        if not refused:  # a forward that caught the refusal itself ran on without the write
-            return out
-    except WritesShared:
-        pass
-    del shared
-    return forward(mode(copy_as(module)))
+    if dtype is None:
+        shared = mode(copy_as(module, share=share))
+        tensors = [*(shared.parameters() if PARAMETERS in share else ()),
+                   *(shared.buffers() if BUFFERS in share else ())]
+        refused = []
+        try:
+            with writes_refused(tensors, refused):
+                out = forward(shared)
+            if not refused:  # a forward that caught the refusal itself ran on without the write
+                return out
+        except WritesShared:
+            pass
+        del shared
+    return forward(mode(copy_as(module, dtype)))
 
 
 class WritesShared(RuntimeError):

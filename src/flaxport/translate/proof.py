@@ -37,7 +37,7 @@ from flaxport.port.report import SENSITIVE
 from flaxport.port.weights import set_torch_mode
 from flaxport.translate import marks
 from flaxport.translate.capture import cast_floating
-from flaxport.translate.copies import PARAMETERS, WritesShared, copy_as, on_copy, writes_refused
+from flaxport.translate.copies import copy_as, on_copy
 from flaxport.translate.sensitivity import MARGIN, NUDGE, torch_spread
 
 ATOL = RTOL = 1e-5
@@ -199,16 +199,16 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
         with _torch_precision(), torch.no_grad(), ties_in_order(), torch_noise(capture) as (draws, masks):
             return torch_module(*args, **kwargs), draws, masks
 
-    if f64:  # a copy cast as it is made, its buffers put back for the interpreter after the forward
-        torch_module = set_torch_mode(copy_as(module, dtype), False)
-        kept = {name: b.clone() for name, b in torch_module.named_buffers()}
-        torch_out, draws, masks = forward(torch_module)
-        for name, b in torch_module.named_buffers():
+    torch64 = None  # in float64 a copy cast as it is made, its buffers put back for the interpreter after
+    if f64:
+        torch64 = set_torch_mode(copy_as(module, dtype), False)
+        kept = {name: b.clone() for name, b in torch64.named_buffers()}
+        torch_out, draws, masks = forward(torch64)
+        for name, b in torch64.named_buffers():
             b.copy_(kept[name])
         del kept
-    else:  # the model's own weights, read in place (the eval capture's copy shares them too)
+    else:  # the model's own weights, read in place (the eval capture's copy the interpreter runs shares them)
         torch_out, draws, masks = on_copy(module, forward, training=False)
-        torch_module = capture.module
     torch_leaves = output_leaves(torch_out)
     if f64 and not garbage_in and not _finite_leaves(torch_leaves):
         def float32_leaves():
@@ -219,10 +219,10 @@ def run_side(t, module, precision: str, atol, rtol) -> list:
         _float64_is_the_model(float32_leaves)
     compared = {node.name for frame in capture.root.walk() for node in plan.io(frame)[1]}
     try:
-        env = _interpret(capture, args, kwargs, draws, masks, keep=compared, module=torch_module)
+        env = _interpret(capture, args, kwargs, draws, masks, keep=compared, module=torch64)
     except rnd.DrawMismatch as e:
         return [_draws_differ(e)]
-    del torch_module  # in float64 a copy of the weights: the JAX side needs the room
+    del torch64  # a copy of the weights: the JAX side needs the room
 
     x64 = jax.enable_x64(True) if f64 else contextlib.nullcontext()
     with x64, jax.default_matmul_precision("highest"):
@@ -765,7 +765,6 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
     kwargs = {k: cast_floating(v, dtype) for k, v in t.example_kwargs.items()}
     garbage_in = not_finite_in(module, args, kwargs)
     capture = t.plan.captures.get("train") or next(iter(t.plan.captures.values()))
-    draws = rnd.Draws() if draws_noise(capture) else None
     rng_state = torch.get_rng_state()
 
     def run(m, args, kwargs, record=contextlib.nullcontext()):
@@ -773,21 +772,16 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
                 torch_dropout("off", None, DropoutLog()):
             return m(*args, **kwargs)
 
-    def train_copy(share=()):
-        """A copy in train mode: cast to dtype, or in the model's dtype sharing `share` with it."""
-        return set_torch_mode(copy_as(module, dtype, share=share), True)
+    def forward(m):
+        """(m, its output, its buffers before: what a train-mode forward updates, torch's draws)."""
+        draws = rnd.Draws() if draws_noise(capture) else None
+        torch.set_rng_state(rng_state)  # a forward run again (on a copy of its own) draws what the first drew
+        before = {k: v.detach().clone() for k, v in m.named_buffers()}
+        return m, run(m, args, kwargs, _recording(draws)), before, draws
 
     try:
-        try:  # in the model's dtype the parameters are read in place: the buffers are what a forward writes
-            torch_module = train_copy((PARAMETERS,) if dtype is None else ())
-            torch_out, before = _train_forward(torch_module, lambda m: run(m, args, kwargs, _recording(draws)),
-                                               refuse=dtype is None)
-        except WritesShared:  # a forward that writes its own weights: on a copy of its own
-            torch_module = train_copy()
-            draws = rnd.Draws() if draws_noise(capture) else None
-            torch.set_rng_state(rng_state)
-            torch_out, before = _train_forward(torch_module, lambda m: run(m, args, kwargs, _recording(draws)),
-                                               refuse=False)
+        # in the model's dtype the copy reads the parameters in place; in float64 it is cast, its own
+        torch_module, torch_out, before, draws = on_copy(module, forward, training=True, dtype=dtype)
         if f64 and not garbage_in and not _finite_leaves(output_leaves(torch_out)):
             _float64_is_the_model(lambda: output_leaves(run(*_float32_copy(module, args, kwargs, training=True))))
     except RuntimeError as e:
@@ -801,23 +795,15 @@ def check_train(t, module, precision: str = "float64", atol: float = ATOL, rtol:
         why = f"float32: torch cannot run it in float64 ({str(e).splitlines()[0][:120]})"
         return dataclasses.replace(report, rows=[dataclasses.replace(r, note=r.note or why) for r in report.rows])
     torch_leaves = output_leaves(torch_out)
-    after = {k: v.clone() for k, v in torch_module.named_buffers()}
+    after = dict(torch_module.named_buffers())
     changed = [k for k in after if not torch.equal(after[k], before[k])]
     del torch_module  # in float64 a copy of the weights: the JAX side needs the room
+
+    def train_copy():  # torch_spread's, made only where a row fails
+        return set_torch_mode(copy_as(module, dtype), True)
+
     return _compare_train(t, torch_out, torch_leaves, before, after, changed, run, args, kwargs, garbage_in, capture,
                           draws, rng_state, train_copy, f64, atol, rtol)
-
-
-def _train_forward(torch_module, forward, refuse: bool = True):
-    """(forward(torch_module), its buffers before it: what a train-mode forward updates). refuse: raise
-    WritesShared before any op writes one of its parameters (they are shared)."""
-    before = {k: v.detach().clone() for k, v in torch_module.named_buffers()}
-    refused = []
-    with writes_refused(list(torch_module.parameters()) if refuse else [], refused):
-        out = forward(torch_module)
-    if refused:  # the forward caught the refusal and ran on without the write
-        raise WritesShared(refused[0])
-    return out, before
 
 
 def _compare_train(t, torch_out, torch_leaves, before, after, changed, run, args, kwargs, garbage_in, capture, draws,

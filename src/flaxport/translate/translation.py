@@ -201,12 +201,10 @@ class Translation:
         self.namespace = _load_namespace(source, type(module).__name__)
         self.root_class = classes.classes[-1].name
         self._state_keys = list(module.state_dict().keys())
-        state = module.state_dict()
-        # the floating tensors copied once, into immutable JAX arrays: every model new_model makes in their
-        # dtype holds those arrays, and _torch_state views them (one copy of the weights, not one a model)
-        self._arrays = {k: _jax(v) for k, v in state.items() if str(v.dtype) in _JAX_DTYPES}
-        self._torch_state = {k: np.asarray(self._arrays[k]) if k in self._arrays else _np(v) for k, v in state.items()}
-        del state
+        # the floating tensors copied once, into immutable JAX arrays that every model new_model makes in
+        # their dtype holds (one copy of the weights, not one a model); the rest as NumPy
+        self._torch_state = {k: _jax(v) if str(v.dtype) in _JAX_DTYPES else _np(v)
+                             for k, v in module.state_dict().items()}
         extra = {}
         for name, b in module.named_buffers():
             if name not in self._torch_state and b is not None:
@@ -254,7 +252,7 @@ class Translation:
         import jax.numpy as jnp
 
         model = abstract_model(self.namespace[self.root_class], seed)
-        values = {**self._torch_state, **self._arrays, **self._extra}
+        values = {**self._torch_state, **self._extra}
         if dtype is not None and jnp.dtype(dtype) == jnp.float64:
             values.update(self._extra64)
         self._set(model, values, dtype)
