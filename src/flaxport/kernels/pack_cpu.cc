@@ -14,7 +14,9 @@
 namespace flaxport {
 namespace {
 
-ffi::Error Pack(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> packed, int64_t layout,
+// `after` is not read: the pack waits for it (ffi_conv.pack says why).
+ffi::Error Pack(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi::AnyBuffer after, ffi::ResultBuffer<ffi::F32> packed,
+                int64_t layout,
                 int64_t swap, int64_t row_start, int64_t row_step, int64_t col_start, int64_t col_step) {
   auto wd = w.dimensions(), pd = packed->dimensions();
   WeightLayout lw;
@@ -91,6 +93,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlaxportConvPack, flaxport::Pack,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
                                   .Attr<int64_t>("layout")
                                   .Attr<int64_t>("swap")
