@@ -320,6 +320,22 @@ def test_speed_times_a_proved_classifier_and_the_table_shows_it():
     assert pooled["speed"]["step"] is None and pooled["speed"]["forward"] > 0
 
 
+def test_the_speed_summary_gives_median_largest_and_the_cases_slower_than_torch():
+    def record(name, forward, step=None, error=None):
+        speed = {"error": error} if error else {"forward": forward, "step": step}
+        return {"name": name, "proof": True, "seconds": 1.0, "speed": speed}
+
+    records = [record("a", 0.5, 0.9), record("b", 1.2, None), record("c", 0.8, 1.1), record("d", None, error="stopped"),
+               {"name": "e", "proof": False, "step": "proof", "reason": "diverges", "seconds": 1.0}]
+    lines = table.speeds(records).splitlines()
+    assert lines[0] == "- translated forward / torch eager's: median 0.80x over 3 cases, largest 1.20x (`b`), 1 above 1.0x"
+    assert lines[1] == "- translated train step / torch eager's: median 1.00x over 2 cases, largest 1.10x (`c`), 1 above 1.0x"
+    assert "`d`" in lines[2] and len(lines) == 3
+    rows = table.markdown(records, speed=True).splitlines()
+    assert rows[5].endswith("| - | - | not timed: stopped |") and rows[6].endswith("| diverges |")
+    assert table.speeds([records[-1]]) == "No case was timed.\n"
+
+
 @pytest.mark.torch
 def test_a_sample_torch_itself_cannot_run_is_not_built_and_does_not_count():
     import torch

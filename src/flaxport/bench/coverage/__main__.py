@@ -107,8 +107,13 @@ def tables(run: dict, records: list) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in run["versions"].items())
     header = (f"`{run['command']}`: {run['date']}, {run['machine']}; {versions}; at most {run['timeout']:g} CPU "
               f"seconds and {run['memory_gb']:g} GB a case.\n")
-    return "\n".join([header, table.summary({run["source"]: records}, run.get("peer")),
-                      table.markdown(records, run.get("peer"), run.get("speed")), "What does not pass:\n", table.failures(records)])
+    parts = [header, table.summary({run["source"]: records}, run.get("peer"))]
+    if run.get("speed"):
+        parts += ["The translated model against torch eager, equal threads (medians of interleaved rounds):\n",
+                  table.speeds(records)]
+    parts += [table.markdown(records, run.get("peer"), run.get("speed")), "What does not pass:\n",
+              table.failures(records)]
+    return "\n".join(parts)
 
 
 def read(path) -> tuple[dict, list]:

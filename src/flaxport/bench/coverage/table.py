@@ -5,6 +5,7 @@ Pure functions of the runner's records (case.py says what a record holds).
 from __future__ import annotations
 
 import collections
+import statistics
 
 # the steps of a case in the order they run; a failed case is counted at the first that failed
 STEPS = ("build", "export", "translate", "proof", "train", "files")
@@ -78,6 +79,23 @@ def markdown(records: list, peer: str | None = None, speed: bool = False) -> str
     return "\n".join(lines) + "\n"
 
 
+def speeds(records: list) -> str:
+    """The --speed figures in a few lines: per part (forward, train step), the median and the
+    largest ratio to torch eager over the cases timed, and how many are slower than torch."""
+    lines = []
+    for part, what in (("forward", "forward"), ("step", "train step")):
+        timed = [(r["speed"][part], r["name"]) for r in records if (r.get("speed") or {}).get(part) is not None]
+        if timed:
+            worst = max(timed)
+            slower = sum(ratio > 1.0 for ratio, _ in timed)
+            lines.append(f"- translated {what} / torch eager's: median {statistics.median(x for x, _ in timed):.2f}x "
+                         f"over {len(timed)} cases, largest {worst[0]:.2f}x (`{worst[1]}`), {slower} above 1.0x")
+    untimed = [r["name"] for r in records if r.get("proof") and (r.get("speed") or {}).get("error")]
+    if untimed:
+        lines.append(f"- proved but not timed: {', '.join(f'`{n}`' for n in untimed)} (the reason column says why)")
+    return "\n".join(lines) + "\n" if lines else "No case was timed.\n"
+
+
 def failures(records: list) -> str:
     """What does not pass, grouped by the step it failed at, one line per case with its reason."""
     by_step = collections.defaultdict(list)
@@ -97,7 +115,8 @@ def _ratio(x) -> str:
 
 
 def _reason(r) -> str:
-    return r.get("reason") or ("" if r.get("proof") else "-")
+    timing = (r.get("speed") or {}).get("error")
+    return r.get("reason") or (f"not timed: {timing}" if timing else "" if r.get("proof") else "-")
 
 
 def _yes(value) -> str:
