@@ -16,8 +16,8 @@ namespace {
 
 // `after` is not read: the pack waits for it (ffi_conv.pack says why).
 ffi::Error Pack(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi::AnyBuffer after, ffi::ResultBuffer<ffi::F32> packed,
-                int64_t layout,
-                int64_t swap, int64_t row_start, int64_t row_step, int64_t col_start, int64_t col_step) {
+                int64_t layout, int64_t swap, int64_t row_start, int64_t row_step, int64_t col_start,
+                int64_t col_step) {
   auto wd = w.dimensions(), pd = packed->dimensions();
   WeightLayout lw;
   if (wd.size() != 4 || pd.size() != 6 || !WeightLayout::make(layout, wd.begin(), &lw))
