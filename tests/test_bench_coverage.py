@@ -319,6 +319,17 @@ def test_speed_times_a_proved_classifier_and_the_table_shows_it():
                           lambda step: None, speed=True)
     assert pooled["speed"]["step"] is None and pooled["speed"]["forward"] > 0
 
+    class AuxiliaryInTraining(torch.nn.Module):  # GoogLeNet's way: more logits in train mode
+        def __init__(self):
+            super().__init__()
+            self.head, self.aux = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return (self.head(x), self.aux(x)) if self.training else self.head(x)
+
+    aux = check_sample(AuxiliaryInTraining().eval(), (torch.randn(2, 4),), {}, {}, lambda step: None, speed=True)
+    assert aux["proof"] and aux["speed"]["step"] is None and aux["speed"]["forward"] > 0, aux
+
 
 def test_the_speed_summary_gives_median_largest_and_the_cases_slower_than_torch():
     def record(name, forward, step=None, error=None):

@@ -135,16 +135,23 @@ def check_sample(module, args: tuple, kwargs: dict, out: dict, progress, speed: 
 
 def _speed(t, module, args, kwargs) -> dict:
     """{"forward": jax/torch median-time ratio, "step": the same for the generated train_step.py (None
-    where the model's output is not a classifier's), or "error": why it could not be timed}: the
+    where the model's output is not a classifier's logits in both modes), or "error": why it could not be timed}: the
     translated model jitted against torch eager on the sample's own input, with the same threads."""
     import torch
 
     from flaxport.bench.convnets import time_translation
+    from flaxport.translate.copies import on_copy
 
     if kwargs or len(args) != 1 or not torch.is_tensor(args[0]):
         return {"error": "timed only for a model of one tensor input"}
-    out = torch_output(module, args, kwargs)
-    train = torch.is_tensor(out) and out.ndim == 2 and out.is_floating_point()  # a classifier's logits
+
+    def logits(training: bool) -> bool:  # a classifier's, which the step's cross-entropy takes
+        with torch.no_grad():
+            out = on_copy(module, lambda m: m(*args), training=training)
+        return torch.is_tensor(out) and out.ndim == 2 and out.is_floating_point()
+
+    # GoogLeNet and Inception v3 add auxiliary logits in train mode: their step needs the user's loss
+    train = logits(False) and logits(True)
     try:
         figures = time_translation(module, args[0], rounds=5, train=train, translation=t)
     except Exception as e:  # noqa: BLE001 - a model the timing cannot run is a record, not a crash
