@@ -115,7 +115,7 @@ def time_translation(module, inputs, *, rounds: int = 10, train: bool = True, co
     torch.set_num_threads(jax_threads())
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     if device == "cpu" and all(p.dtype == torch_dtype for p in module.parameters()):
-        # the eval forward under no_grad writes no parameter: the module's own serve (a
+        # an eval forward under no_grad writes no parameter, so the module's own are used (a
         # 645M-parameter RegNet's 2.6 GB held once less)
         model = copy_as(module, share=(PARAMETERS,)).eval()
     else:

@@ -140,7 +140,7 @@ def dense(x, w, pads, stride, dilation, groups, layout=OIHW):
 
     pads ((top, bottom), (left, right)), stride (sh, sw), dilation (dh, dw), groups.
     """
-    return dense_forward(x, pack(w, x, groups, layout), _dims(w, layout)[0] // groups, stride, dilation, pads)
+    return _dense_fwd(x, w, pads, stride, dilation, groups, layout)[0]
 
 
 def _dense_fwd(x, w, pads, stride, dilation, groups, layout):

@@ -140,14 +140,12 @@ def _speed(t, module, args, kwargs) -> dict:
     import torch
 
     from flaxport.bench.convnets import time_translation
-    from flaxport.translate.copies import on_copy
 
     if kwargs or len(args) != 1 or not torch.is_tensor(args[0]):
         return {"error": "timed only for a model of one tensor input"}
 
     def logits(training: bool) -> bool:  # a classifier's, which the step's cross-entropy takes
-        with torch.no_grad():
-            out = on_copy(module, lambda m: m(*args), training=training)
+        out = torch_output(module, args, kwargs, training)
         return torch.is_tensor(out) and out.ndim == 2 and out.is_floating_point()
 
     # GoogLeNet and Inception v3 add auxiliary logits in train mode: their step needs the user's loss
@@ -228,8 +226,9 @@ def _files(t, module, out) -> str:
     return check.problem
 
 
-def torch_output(module, args, kwargs):
-    """The module's eval-mode output on the example (for the structure the JAX output is read in)."""
+def torch_output(module, args, kwargs, training: bool = False):
+    """The module's output on the example, in eval mode (the structure the JAX output is read in)
+    or in train mode, without gradients; the module is left as it was."""
     import torch
 
     from flaxport.translate.copies import on_copy
@@ -238,7 +237,7 @@ def torch_output(module, args, kwargs):
         with torch.no_grad():
             return m(*args, **kwargs)
 
-    return on_copy(module, forward, training=False)
+    return on_copy(module, forward, training=training)
 
 
 def summarize(samples: list) -> dict:
