@@ -15,8 +15,8 @@ from flax import nnx
 from jax import lax
 
 from flaxport.runtime.functions import (_channels_first, _channels_last, batch_norm_channels_last, conv,
-                                        conv_transpose, group_norm, gru_scan, layer_norm, lstm_scan, rnn_scan,
-                                        scaled_dot_product_attention)
+                                        conv_transpose, fusion_boundary, group_norm, gru_scan, layer_norm, lstm_scan,
+                                        rnn_scan, scaled_dot_product_attention)
 
 
 class Buffer(nnx.Variable):
@@ -48,7 +48,7 @@ class Linear(nnx.Module):
         self.bias = nnx.Param(_uniform(rngs, (out_features,), bound)) if bias else nnx.data(None)
 
     def __call__(self, x):
-        y = x @ self.weight[...].T
+        y = fusion_boundary(x) @ self.weight[...].T
         return y if self.bias is None else y + self.bias[...]
 
 

@@ -6,7 +6,7 @@ from flaxport.translate.ops.table import ADD, ATOM, MUL, Expr, binary, call, met
 
 @op("aten.linear.default")
 def linear(c, node):
-    y = binary(c, c.x("input"), "@", Expr(f"{c.x('weight').at(ATOM)}.T"), MUL)
+    y = binary(c, call(c.helper("fusion_boundary"), c.x("input")), "@", Expr(f"{c.x('weight').at(ATOM)}.T"), MUL)
     return binary(c, y, "+", c.x("bias"), ADD) if c.has("bias") else y
 
 

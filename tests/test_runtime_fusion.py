@@ -1,0 +1,72 @@
+"""fusion_boundary, the runtime's no-op at a linear layer's input: exact in every float dtype, the
+identity's derivative, and on a CPU it keeps a pooled head's matrix products in fusions of their own
+(XLA:CPU's YNNPACK fusion of a reduction with two products recomputes the first: docs/cpu.md)."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from flaxport.runtime.functions import fusion_boundary
+from flaxport.runtime.layers import Linear
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_the_boundary_returns_its_input_bit_for_bit(dtype):
+    with jax.enable_x64(dtype == "float64"):
+        finfo = jnp.finfo(dtype)
+        special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, float(finfo.tiny) / 4, float(finfo.max)])
+        values = np.concatenate([np.random.default_rng(0).standard_normal(57) * 1e3, special])
+        x = jnp.asarray(values, dtype)
+        out = jax.jit(fusion_boundary)(x)
+        assert out.dtype == x.dtype
+        np.testing.assert_array_equal(np.asarray(out).view(np.uint8), np.asarray(x).view(np.uint8))
+
+
+def test_integers_pass_through_untouched():
+    x = jnp.arange(-5, 5, dtype=jnp.int32)
+    assert jax.jit(fusion_boundary)(x).dtype == jnp.int32
+    np.testing.assert_array_equal(jax.jit(fusion_boundary)(x), x)
+
+
+def test_its_derivative_is_the_identity_in_both_modes():
+    x = jnp.linspace(-2.0, 2.0, 6)
+    f = lambda v: jnp.sum(jnp.sin(fusion_boundary(v * 3.0)))  # noqa: E731
+    g = lambda v: jnp.sum(jnp.sin(v * 3.0))  # noqa: E731
+    np.testing.assert_allclose(jax.grad(f)(x), jax.grad(g)(x), rtol=0, atol=0)
+    np.testing.assert_allclose(jax.jacfwd(f)(x), jax.jacfwd(g)(x), rtol=0, atol=0)
+    np.testing.assert_allclose(jax.hessian(f)(x), jax.hessian(g)(x), rtol=0, atol=0)
+
+
+def _dots_per_computation(hlo: str) -> dict:
+    """{computation name: dot instructions in it} of a compiled module's text."""
+    counts, name = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if head:
+            name = head.group(1)
+            counts[name] = 0
+        elif name is not None and re.search(r"= \S+ dot\(", line):
+            counts[name] += 1
+    return counts
+
+
+def test_a_pooled_head_keeps_its_two_products_apart_on_a_cpu():
+    """A global pooling, then Linear -> ReLU -> Linear, as a classifier ends. Without the boundary
+    XLA:CPU (jax 0.10) puts the mean and both products in one YNNPACK fusion: 30 ms against 2 ms."""
+    rngs = nnx.Rngs(0)
+    first, second = Linear(4096, 1024, rngs=rngs), Linear(1024, 1024, rngs=rngs)
+
+    def head(x):
+        return second(jax.nn.relu(first(jnp.mean(x, axis=(1, 2)))))
+
+    x = jnp.ones((8, 2, 2, 4096))
+    hlo = jax.jit(head).lower(x).compile().as_text()
+    counts = _dots_per_computation(hlo)
+    assert sum(counts.values()) == 2, counts
+    assert max(counts.values()) == 1, counts
+    reference = x.mean(axis=(1, 2)) @ first.weight[...].T + first.bias[...]
+    reference = jax.nn.relu(reference) @ second.weight[...].T + second.bias[...]
+    np.testing.assert_allclose(jax.jit(head)(x), reference, rtol=1e-5, atol=1e-6)
