@@ -46,11 +46,12 @@ def _fusion_boundary_jvp(primals, tangents):
 def fusion_boundary(x):
     """x, unchanged, as the input of a new XLA fusion on a CPU (elsewhere nothing at all).
 
-    A linear layer's input goes through it. XLA:CPU's YNNPACK fusions otherwise take a
-    reduction (a pooling) with the matrix products after it into one fusion, which computes
-    the first product again for every tile of the second: VGG-11's forward at 32x32 took
-    3.3 s there against 55 ms with its products apart. A rounding to x's own precision is
-    exact, and YNNPACK does not fuse it; its derivative is the identity's.
+    A linear layer's input goes through it, and a convolution's whose one window is the whole
+    input (a linear layer too). XLA:CPU's YNNPACK fusions otherwise take a reduction (a
+    pooling) with the matrix products after it into one fusion, which computes the first
+    product again for every tile of the second: VGG-11's forward at 32x32 took 3.3 s there
+    against 55 ms with its products apart. A rounding to x's own precision is exact, and
+    YNNPACK does not fuse it; its derivative is the identity's.
     """
     if x.dtype not in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64):
         return x
@@ -77,6 +78,9 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, channe
         padding = [(0, 0)] * n if padding == "valid" else [(t // 2, t - t // 2) for t in total]
     else:
         padding = [(p, p) for p in _tuple(padding, n)]
+    if groups == 1 and set(dilation) == {1} and x.shape[1:-1] == weight.shape[2:] and \
+            all(tuple(p) == (0, 0) for p in padding):
+        x = fusion_boundary(x)  # one window, the whole input: a linear layer (VGG's classifier as convolutions)
     y = _convolution(x, weight, stride, padding, dilation, groups)
     return y if bias is None else y + bias
 
