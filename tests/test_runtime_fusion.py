@@ -98,3 +98,29 @@ def test_a_classifier_written_as_whole_window_convolutions_keeps_its_products_ap
     products = _dots_per_computation(jax.jit(head).lower(*shapes).compile().as_text(), ("dot", "convolution"))
     assert sum(products.values()) == 2, products
     assert max(products.values()) == 1, products
+
+
+@pytest.mark.torch
+def test_a_translated_functional_linear_after_a_pooling_keeps_its_products_apart():
+    """F.linear in the user's forward (aten.linear, not an nn.Linear) is written through the boundary too."""
+    torch = pytest.importorskip("torch")
+    from torch.nn import functional as F
+
+    from flaxport.translate import translate
+
+    class PooledHead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hidden = torch.nn.Parameter(torch.randn(1024, 4096) * 0.01)
+            self.out = torch.nn.Parameter(torch.randn(1024, 1024) * 0.01)
+
+        def forward(self, x):
+            return F.linear(F.relu(F.linear(x.mean(dim=(2, 3)), self.hidden)), self.out)
+
+    t = translate(PooledHead(), torch.randn(8, 4096, 2, 2), check=False)
+    assert "fusion_boundary(" in t.source
+    graphdef, state = nnx.split(t.new_model())
+    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    products = _dots_per_computation(forward.lower(state, jnp.ones((8, 4096, 2, 2))).compile().as_text())
+    assert sum(products.values()) == 2, products
+    assert max(products.values()) == 1, products
