@@ -40,8 +40,8 @@ def test_its_derivative_is_the_identity_in_both_modes():
     np.testing.assert_allclose(jax.hessian(f)(x), jax.hessian(g)(x), rtol=0, atol=0)
 
 
-def _dots_per_computation(hlo: str, ops=("dot",)) -> dict:
-    """{computation name: instructions of `ops` in it} of a compiled module's text."""
+def _products_per_computation(hlo: str, ops=("dot",)) -> dict:
+    """{computation name: its instructions of kinds `ops`} of a compiled module's text."""
     counts, name = {}, None
     for line in hlo.splitlines():
         head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
@@ -64,9 +64,9 @@ def test_a_pooled_head_keeps_its_two_products_apart_on_a_cpu():
 
     x = jnp.ones((8, 2, 2, 4096))
     hlo = jax.jit(head).lower(x).compile().as_text()
-    counts = _dots_per_computation(hlo)
-    assert sum(counts.values()) == 2, counts
-    assert max(counts.values()) == 1, counts
+    products = _products_per_computation(hlo)
+    assert sum(products.values()) == 2, products
+    assert max(products.values()) == 1, products
     reference = x.mean(axis=(1, 2)) @ first.weight[...].T + first.bias[...]
     reference = jax.nn.relu(reference) @ second.weight[...].T + second.bias[...]
     np.testing.assert_allclose(jax.jit(head)(x), reference, rtol=1e-5, atol=1e-6)
@@ -95,7 +95,7 @@ def test_a_classifier_written_as_whole_window_convolutions_keeps_its_products_ap
         return jax.nn.relu(functions.conv(h, w1))
 
     shapes = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((2, 512, 2, 2), (4096, 512, 7, 7), (4096, 4096, 1, 1))]
-    products = _dots_per_computation(jax.jit(head).lower(*shapes).compile().as_text(), ("dot", "convolution"))
+    products = _products_per_computation(jax.jit(head).lower(*shapes).compile().as_text(), ("dot", "convolution"))
     assert sum(products.values()) == 2, products
     assert max(products.values()) == 1, products
 
@@ -121,6 +121,6 @@ def test_a_translated_functional_linear_after_a_pooling_keeps_its_products_apart
     assert "fusion_boundary(" in t.source
     graphdef, state = nnx.split(t.new_model())
     forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
-    products = _dots_per_computation(forward.lower(state, jnp.ones((8, 4096, 2, 2))).compile().as_text())
+    products = _products_per_computation(forward.lower(state, jnp.ones((8, 4096, 2, 2))).compile().as_text())
     assert sum(products.values()) == 2, products
     assert max(products.values()) == 1, products

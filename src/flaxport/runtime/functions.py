@@ -55,9 +55,8 @@ def fusion_boundary(x):
     """
     if x.dtype not in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64):
         return x
-    exponent_bits, mantissa_bits = jnp.finfo(x.dtype).nexp, jnp.finfo(x.dtype).nmant
-    return lax.platform_dependent(x, cpu=lambda v: lax.reduce_precision(v, exponent_bits, mantissa_bits),
-                                  default=lambda v: v)
+    bits = jnp.finfo(x.dtype)
+    return lax.platform_dependent(x, cpu=lambda v: lax.reduce_precision(v, bits.nexp, bits.nmant), default=lambda v: v)
 
 
 fusion_boundary.defjvp(_fusion_boundary_jvp)
