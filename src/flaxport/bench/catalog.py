@@ -11,17 +11,28 @@ TORCHVISION_CNNS = ("alexnet", "vgg11_bn", "resnet18", "resnet50", "resnext50_32
                     "densenet121", "squeezenet1_1", "googlenet", "inception_v3", "shufflenet_v2_x1_0",
                     "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "mnasnet1_0", "efficientnet_b0",
                     "efficientnet_v2_s", "regnet_x_400mf", "regnet_y_400mf", "convnext_tiny")
-# A small member of timm's CNN families (the second line's use timm's BatchNormAct2d, DLA's
-# trees nested in themselves and HRNet's fuse layers).
+# A small member of each of the 43 timm CNN families the coverage benchmark sweeps (ResNet's
+# family has three, EfficientNet's MixNet too): between them timm's BatchNormAct2d, DLA's
+# nested trees, HRNet's fuse layers, reparameterisable blocks, split attention, selective
+# kernels, weight-standardised convolutions, NAS cells and token mixers.
 TIMM_CNNS = ("timm/resnet26d", "timm/resnet50d", "timm/seresnext26d_32x4d", "timm/res2net50_26w_4s",
              "timm/resnest14d", "timm/selecsls42b", "timm/convnext_atto", "timm/vgg11",
              "timm/efficientnet_b0", "timm/mobilenetv3_large_100", "timm/regnety_008", "timm/rexnet_100",
-             "timm/ghostnet_100", "timm/mixnet_s", "timm/densenet121", "timm/dla34", "timm/hrnet_w18_small")
+             "timm/ghostnet_100", "timm/mixnet_s", "timm/densenet121", "timm/dla34", "timm/hrnet_w18_small",
+             "timm/repvgg_a0", "timm/convmixer_1024_20_ks9_p14", "timm/cs3darknet_s", "timm/dpn48b",
+             "timm/fasternet_t0", "timm/hardcorenas_a", "timm/hgnetv2_b0", "timm/inception_next_atto",
+             "timm/inception_v3", "timm/inception_resnet_v2", "timm/inception_v4", "timm/lcnetv2_small",
+             "timm/mambaout_femto", "timm/poolformer_s12", "timm/nasnetalarge", "timm/eca_nfnet_l0",
+             "timm/pnasnet5large", "timm/rdnet_tiny", "timm/repghostnet_100", "timm/repvit_m1",
+             "timm/resnetv2_50", "timm/legacy_seresnet18", "timm/skresnet18", "timm/starnet_s1",
+             "timm/tresnet_m", "timm/ese_vovnet19b_dw", "timm/legacy_xception", "timm/xception41",
+             "timm/fastvit_t8")
 CNNS = TORCHVISION_CNNS + TIMM_CNNS
 # What the GPU table runs: a CNN, a vision transformer and a language model.
 GPU_MODELS = ("resnet50", "vit_b_16", "gpt-small")
 # Models whose input must be at least this many pixels a side.
-MIN_SIZE = {"inception_v3": 75, "vit_b_16": 224}
+MIN_SIZE = {"inception_v3": 75, "timm/inception_v3": 75, "timm/inception_resnet_v2": 75, "timm/inception_v4": 75,
+            "vit_b_16": 224}
 GPT_SIZES = {"vocab": 8192, "context": 256, "layers": 6, "heads": 8, "width": 512}
 
 
