@@ -28,12 +28,22 @@ TIMM_CNNS = ("timm/resnet26d", "timm/resnet50d", "timm/seresnext26d_32x4d", "tim
              "timm/tresnet_m", "timm/ese_vovnet19b_dw", "timm/legacy_xception", "timm/xception41",
              "timm/fastvit_t8")
 CNNS = TORCHVISION_CNNS + TIMM_CNNS
+# torchvision's classifiers that are not CNNs, by name prefix.
+TRANSFORMERS = ("vit_", "swin_", "maxvit_")
 # What the GPU table runs: a CNN, a vision transformer and a language model.
 GPU_MODELS = ("resnet50", "vit_b_16", "gpt-small")
 # Models whose input must be at least this many pixels a side.
 MIN_SIZE = {"inception_v3": 75, "timm/inception_v3": 75, "timm/inception_resnet_v2": 75, "timm/inception_v4": 75,
             "vit_b_16": 224}
 GPT_SIZES = {"vocab": 8192, "context": 256, "layers": 6, "heads": 8, "width": 512}
+
+
+def torchvision_cnns() -> list[str]:
+    """Every torchvision classifier that is a CNN (its list less ViT, Swin and MaxViT), sorted."""
+    from flaxport.bench.zoos import import_torchvision
+
+    models = import_torchvision().models
+    return [n for n in sorted(models.list_models(module=models)) if not n.startswith(TRANSFORMERS)]
 
 
 def build(name: str):

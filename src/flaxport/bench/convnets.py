@@ -279,7 +279,7 @@ def _args(argv):
     p.add_argument("--models", default="cnns",
                    help="comma-separated names (torchvision's, timm/NAME, gpt-small), or 'cnns' (the default: "
                         f"{len(catalog.CNNS)} torchvision and timm CNNs), 'torchvision', 'timm', 'gpu' "
-                        f"({', '.join(catalog.GPU_MODELS)})")
+                        f"({', '.join(catalog.GPU_MODELS)}), 'torchvision-all' (every torchvision CNN classifier)")
     p.add_argument("--sizes", default="64,224", help="image sides (token counts for gpt-small), default 64,224")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default 10)")
@@ -296,7 +296,10 @@ def _args(argv):
     args = p.parse_args(argv)
     groups = {"cnns": catalog.CNNS, "torchvision": catalog.TORCHVISION_CNNS, "timm": catalog.TIMM_CNNS,
               "gpu": catalog.GPU_MODELS}
-    args.models = [m for part in args.models.split(",") for m in groups.get(part, (part,))]
+    parts = args.models.split(",")
+    if "torchvision-all" in parts:
+        groups["torchvision-all"] = catalog.torchvision_cnns()
+    args.models = [m for part in parts for m in groups.get(part, (part,))]
     try:
         args.sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
