@@ -113,12 +113,28 @@ class BodyRenderer:
             if v in self.flow.inline and self.flow.producer.get(v) is not None and self.flow.producer[v].kind == "op":
                 self._say_decomposed(self.flow.producer[v])
         self.lines.append(self._return(self.outputs))
+        if self.frame.parent is not None:
+            for v, name in reversed(self.entry):
+                if "[" not in name and self.flow.computed_again(v):
+                    self.lines.insert(0, f"{name} = {self._computed_once(v, name)}")
         params = self.capture.input_names if self.frame.parent is None else self._param_names(self.frame)
         if self.listed:  # the list read whole is the parameter itself
             params = arguments.as_one_parameter(params, self.listed)
             self.lines = [arguments.whole_lists(line, *self.listed) for line in self.lines]
         return Body(list(params), self.lines, self.slots, self.helpers, self.synth, self.needs_training,
                     list(self.outputs), self.problems)
+
+    def _computed_once(self, v, name) -> str:
+        """`computed_once(x)`; on a feature map in torch's layout computed channels-last, where the
+        transposes at its edges meet those of the convolutions around it (in torch's layout XLA
+        writes a transposed copy of x)."""
+        from flaxport.translate.layout import image_value
+
+        self.helpers.add("computed_once")
+        if self.plan.layout_of(self.capture, v) != "last" and image_value(v):
+            self.helpers.add("apply_channels_last")
+            return f"apply_channels_last(computed_once, {name})"
+        return f"computed_once({name})"
 
     def _io(self, frame):
         """plan.io(frame), with the sizes the call asks its caller for among its inputs (as str)."""

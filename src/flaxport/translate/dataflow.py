@@ -124,6 +124,17 @@ class Dataflow:
             return [u.node]
         return list(u.node.all_input_nodes)
 
+    def computed_again(self, v) -> bool:
+        """Would XLA:CPU compute this body's input v again in each fusion that reads it? So it does
+        where an element-wise op of the body reads v (XLA fuses v's producer into it) and so do a
+        module call or another op (for which v is written out anyway): runtime computed_once."""
+        val = v.meta.get("val") if hasattr(v, "meta") else None
+        if not (hasattr(val, "dtype") and val.dtype.is_floating_point):
+            return False
+        readers = [u for u in self.units if u.kind != "update" and v in self.used_by(u)]
+        pointwise = [u for u in readers if u.kind == "op" and _is_pointwise(u.node)]
+        return 0 < len(pointwise) < len(readers)
+
     def _inlinable(self, v, out_set) -> bool:
         u = self.producer[v]
         if u.kind == "update" or u.key is None:
@@ -256,3 +267,10 @@ class Dataflow:
             if hasattr(s, "node") and str(s.node.expr) == name:
                 return lay.to_layout_dim(d) if self.plan.layout_of(self.capture, v) == lay.LAST else d
         return None
+
+
+def _is_pointwise(node) -> bool:
+    """An element-wise aten op (torch tags them: add, mul, relu, where, ...)."""
+    import torch
+
+    return torch.Tag.pointwise in getattr(node.target, "tags", ())
