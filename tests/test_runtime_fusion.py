@@ -154,7 +154,8 @@ def test_a_residual_stream_is_computed_once_per_block():
 @pytest.mark.torch
 def test_a_translated_residual_block_computes_its_input_once():
     """Written at the top of a block whose input a sum and a convolution read; not in a block whose
-    input only convolutions read (a projection shortcut), nor in x * sigmoid(x) (all element-wise)."""
+    input only convolutions read (a projection shortcut), nor in x * sigmoid(x) (all element-wise),
+    nor in a squeeze-and-excitation gate (a mean and a product: XLA fuses both)."""
     torch = pytest.importorskip("torch")
 
     class Residual(torch.nn.Module):
@@ -172,9 +173,17 @@ def test_a_translated_residual_block_computes_its_input_once():
         def forward(self, x):
             return x * torch.sigmoid(x)
 
+    class Excitation(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            return x * torch.sigmoid(self.fc(x.mean((2, 3), keepdim=True)))
+
     from flaxport.translate import translate
 
-    net = torch.nn.Sequential(Residual(project=True), Swish(), *[Residual() for _ in range(6)]).eval()
+    net = torch.nn.Sequential(Residual(project=True), Swish(), Excitation(), *[Residual() for _ in range(6)]).eval()
     t = translate(net, torch.randn(2, 8, 6, 6))
     classes = {block.split("(")[0]: block for block in t.source.split("\nclass ")[1:]}
     once = {name for name, text in classes.items() if "computed_once, x)" in text}

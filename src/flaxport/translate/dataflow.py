@@ -16,6 +16,9 @@ from flaxport.translate import source as src
 
 # Ops whose handlers read sizes from their output's or inputs' shapes.
 SHAPE_OPS = {"aten.expand.default", "aten.flatten.using_ints", "aten.unflatten.int", "aten.expand_copy.default"}
+# Matrix products (besides convolutions) as captured.
+PRODUCTS = {f"aten.{name}" for name in ("linear.default", "matmul.default", "mm.default", "bmm.default",
+                                        "addmm.default", "baddbmm.default", "addbmm.default", "einsum.default")}
 
 
 class Unit:
@@ -125,15 +128,16 @@ class Dataflow:
         return list(u.node.all_input_nodes)
 
     def computed_again(self, v) -> bool:
-        """Would XLA:CPU compute this body's input v again in each fusion that reads it? So it does
-        where an element-wise op of the body reads v (XLA fuses v's producer into it) and so do a
-        module call or another op (for which v is written out anyway): runtime computed_once."""
+        """Would XLA:CPU compute this body's input v again in a fusion? So it does where an
+        element-wise op reads v (XLA copies the cheap ops that made v into that op's fusion) and
+        a convolution or a matrix product reads it too (it reads v written out, so v is computed
+        twice): a residual block's input, which the block's first convolution and its own sum
+        read. runtime computed_once. Not the model's inputs and weights, which nothing makes."""
         val = v.meta.get("val") if hasattr(v, "meta") else None
-        if not (hasattr(val, "dtype") and val.dtype.is_floating_point):
+        if not (hasattr(val, "dtype") and val.dtype.is_floating_point) or v.op in ("placeholder", "get_attr"):
             return False
-        readers = [u for u in self.units if u.kind != "update" and v in self.used_by(u)]
-        pointwise = [u for u in readers if u.kind == "op" and _is_pointwise(u.node)]
-        return 0 < len(pointwise) < len(readers)
+        readers = list(v.users)
+        return any(_is_pointwise(r) for r in readers) and any(_reads_written_out(r) for r in readers)
 
     def _inlinable(self, v, out_set) -> bool:
         u = self.producer[v]
@@ -274,3 +278,10 @@ def _is_pointwise(node) -> bool:
     import torch
 
     return torch.Tag.pointwise in getattr(node.target, "tags", ())
+
+
+def _reads_written_out(node) -> bool:
+    """A convolution or a matrix product: XLA:CPU runs it on its operands written out in memory
+    (flaxport's kernels, a library's product), never fused with the ops that made them."""
+    target = str(node.target)
+    return target.startswith(("aten.conv", "aten._convolution")) or target in PRODUCTS
