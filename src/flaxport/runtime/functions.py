@@ -70,8 +70,8 @@ def _computed_once_jvp(primals, tangents):
 def computed_once(x):
     """x, unchanged, computed once on a CPU for every op that reads it (elsewhere nothing at all).
 
-    A module's input that an element-wise op and a convolution, product or module call all read
-    (a residual block's `out + x` beside `self.conv1(x)`) goes through it. XLA:CPU computes a
+    A module's input that an element-wise op and a convolution or a matrix product both read (a
+    residual block's `out + x` beside `self.conv1(x)`) goes through it. XLA:CPU computes a
     cheap element-wise value again inside each fusion that reads it, even where another reader has
     it written out anyway; along a residual stream each block's sum is such a value, so every
     block recomputed the normalisations, sums and activations of all the blocks before it

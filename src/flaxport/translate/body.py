@@ -21,7 +21,7 @@ from flaxport.translate import marks
 from flaxport.translate import ops as oplib
 from flaxport.translate import source as src
 from flaxport.translate.context import OpContext
-from flaxport.translate.dataflow import SHAPE_OPS, Dataflow
+from flaxport.translate.dataflow import SHAPE_OPS, Dataflow, computed_again
 from flaxport.translate.naming import RESERVED, safe_name
 from flaxport.translate.sizes import print_size
 from flaxport.translate.ops import ATOM, Expr, Outputs, Unsupported, call
@@ -115,7 +115,7 @@ class BodyRenderer:
         self.lines.append(self._return(self.outputs))
         if self.frame.parent is not None:
             for v, name in reversed(self.entry):
-                if "[" not in name and self.flow.computed_again(v):
+                if "[" not in name and computed_again(v):
                     self.lines.insert(0, f"{name} = {self._computed_once(v, name)}")
         params = self.capture.input_names if self.frame.parent is None else self._param_names(self.frame)
         if self.listed:  # the list read whole is the parameter itself

@@ -127,18 +127,6 @@ class Dataflow:
             return [u.node]
         return list(u.node.all_input_nodes)
 
-    def computed_again(self, v) -> bool:
-        """Would XLA:CPU compute this body's input v again in a fusion? So it does where an
-        element-wise op reads v (XLA copies the cheap ops that made v into that op's fusion) and
-        a convolution or a matrix product reads it too (it reads v written out, so v is computed
-        twice): a residual block's input, which the block's first convolution and its own sum
-        read. runtime computed_once. Not the model's inputs and weights, which nothing makes."""
-        val = v.meta.get("val") if hasattr(v, "meta") else None
-        if not (hasattr(val, "dtype") and val.dtype.is_floating_point) or v.op in ("placeholder", "get_attr"):
-            return False
-        readers = list(v.users)
-        return any(_is_pointwise(r) for r in readers) and any(_reads_written_out(r) for r in readers)
-
     def _inlinable(self, v, out_set) -> bool:
         u = self.producer[v]
         if u.kind == "update" or u.key is None:
@@ -271,6 +259,19 @@ class Dataflow:
             if hasattr(s, "node") and str(s.node.expr) == name:
                 return lay.to_layout_dim(d) if self.plan.layout_of(self.capture, v) == lay.LAST else d
         return None
+
+
+def computed_again(v) -> bool:
+    """Would XLA:CPU compute the value v again in a fusion? So it does where an element-wise op
+    reads v (XLA copies the cheap ops that made v into that op's fusion) and a convolution or a
+    matrix product reads it too (it reads v written out, so v is computed twice): a residual
+    block's input, which the block's first convolution and its own sum read. runtime
+    computed_once. Not the model's inputs and weights, which nothing makes."""
+    val = v.meta.get("val") if hasattr(v, "meta") else None
+    if not (hasattr(val, "dtype") and val.dtype.is_floating_point) or v.op in ("placeholder", "get_attr"):
+        return False
+    readers = list(v.users)
+    return any(_is_pointwise(r) for r in readers) and any(_reads_written_out(r) for r in readers)
 
 
 def _is_pointwise(node) -> bool:
