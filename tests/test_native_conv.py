@@ -31,9 +31,10 @@ def _value_and_grads(conv, x, kernel, padding, cotangent):
 
 # (batch, height, width, cin, cout, k, padding): register-tile tails (widths 13, 7),
 # channel blocks of 1-4 vectors (16..80), an RGB input (its input gradient goes to XLA),
-# a 1x1 shortcut, a 5x5 kernel and an unpadded ("valid") conv.
-SHAPES = [(2, 7, 9, 16, 16, 3, 1), (1, 5, 5, 3, 32, 3, 1), (2, 6, 6, 35, 48, 1, 0), (3, 8, 8, 32, 80, 3, 1),
-          (1, 4, 13, 16, 64, 5, 2), (2, 5, 7, 16, 32, 3, 0)]
+# a 1x1 shortcut, a 1x1 with a 1 MB weight (its gradients are XLA's dots), a 5x5 kernel and
+# an unpadded ("valid") conv.
+SHAPES = [(2, 7, 9, 16, 16, 3, 1), (1, 5, 5, 3, 32, 3, 1), (2, 6, 6, 35, 48, 1, 0), (2, 3, 4, 512, 512, 1, 0),
+          (3, 8, 8, 32, 80, 3, 1), (1, 4, 13, 16, 64, 5, 2), (2, 5, 7, 16, 32, 3, 0)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

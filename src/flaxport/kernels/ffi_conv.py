@@ -148,8 +148,38 @@ def _dense_fwd(x, w, pads, stride, dilation, groups, layout):
     return y, (x, w)
 
 
+# A 1x1 weight of this many elements or more (1 MB of float32): its gradients are XLA dots.
+LARGE_WEIGHT = 1 << 18
+
+
+def _pointwise_gradients(x, w, dy, layout, stride):
+    """(dx, dw) of a 1x1, unpadded, ungrouped convolution: two matrix products.
+
+    x (N, H, W, I), dy (N, Ho, Wo, O), w (O, I, 1, 1) or (1, 1, I, O). As XLA's dots they
+    read the weight where it lies; the kernels pack it (swapped) for dx and sum dw through
+    their tiles, which for a large weight costs more than the products (docs/cpu.md). A
+    stride reads every s-th cell, so only those cells get a gradient."""
+    (sh, sw), (_, ho, wo, _) = stride, dy.shape
+    picked = x[:, :(ho - 1) * sh + 1:sh, :(wo - 1) * sw + 1:sw]
+    rows, dy_rows = picked.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    if layout == OIHW:
+        dx = dy_rows @ w.reshape(w.shape[:2])  # w (O, I)
+        dw = lax.dot_general(dy_rows, rows, (((0,), (0,)), ((), ())))  # (O, I)
+    else:
+        dx = lax.dot_general(dy_rows, w.reshape(w.shape[2:]), (((1,), (1,)), ((), ())))  # w (I, O)
+        dw = lax.dot_general(rows, dy_rows, (((0,), (0,)), ((), ())))  # (I, O)
+    dx = dx.reshape(picked.shape)
+    if (sh, sw) != (1, 1):  # back onto every s-th cell, zeros between and after
+        (_, h, wd, _), zero = x.shape, jnp.zeros((), dx.dtype)
+        dx = lax.pad(dx, zero, ((0, 0, 0), (0, h - picked.shape[1] * sh + sh - 1, sh - 1),
+                                (0, wd - picked.shape[2] * sw + sw - 1, sw - 1), (0, 0, 0)))
+    return dx, dw.reshape(w.shape)
+
+
 def _dense_bwd(pads, stride, dilation, groups, layout, residuals, dy):
     x, w = residuals
+    if _dims(w, layout)[2:] == (1, 1) and groups == 1 and pads == ((0, 0), (0, 0)) and w.size >= LARGE_WEIGHT:
+        return _pointwise_gradients(x, w, dy, layout, stride)
     x_shape, x_padded = x.shape, _pad(x, pads)
     dw = _dense_weight_gradient(x_padded, dy, w, groups, layout, stride, dilation)
     _, group_inputs, kh, kw = _dims(w, layout)
