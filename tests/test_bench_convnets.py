@@ -64,10 +64,13 @@ def test_model_groups_and_bad_arguments():
 
 
 @pytest.mark.slow
-def test_the_conv_routes_benchmark_measures_every_route(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_conv_routes_benchmark_measures_every_route(tmp_path, dtype):
     out = tmp_path / "convs.json"
     subprocess.run([sys.executable, "-m", "flaxport.bench.convs", "--rounds", "1", "--classes", "512 channels, 4x4",
-                    "--json", str(out)], check=True, capture_output=True, timeout=600)
-    (row,) = json.loads(out.read_text())["rows"]
+                    "--dtype", dtype, "--json", str(out)], check=True, capture_output=True, timeout=600)
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert result["dtype"] == dtype
     assert set(row["gflops"]) == {"flaxport kernels", "XLA", "torch oneDNN"}
     assert all(v > 0 for parts in row["gflops"].values() for v in parts.values())

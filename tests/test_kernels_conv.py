@@ -143,6 +143,42 @@ def test_a_large_1x1_weight_s_gradients_are_matrix_products_and_a_small_one_s_st
     assert backward(x, jnp.ones((512, 512, 1, 1), jnp.float32), ((1, 1), (1, 1))) == (2, 1, False)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("3x3/2, 10 out", "grouped 2", "depthwise 5x5/2, 40",
+                                                                "1x1, a 1 MB weight")], ids=lambda c: c[0])
+def test_bfloat16_runs_on_the_kernels_with_float32_sums_rounded_once(case):
+    """bfloat16 products are exact in float32: the value and both gradients are the exact sums
+    of the bfloat16 operands (torch in float64) rounded to bfloat16, off by at most one of its
+    steps where a sum lies near the midpoint of two."""
+    name, n, (h, w), cin, cout, (kh, kw), stride, padding, dilation, groups = case
+    rng = np.random.default_rng(1)
+    rounded = [np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64) for a in (
+        rng.standard_normal((n, cin, h, w)), rng.standard_normal((cout, cin // groups, kh, kw)) / np.sqrt(kh * kw))]
+    xt, wt = (torch.tensor(a, requires_grad=True) for a in rounded)
+    y = _torch_conv(xt, wt, case)
+    cotangent = np.asarray(jnp.asarray(rng.standard_normal(y.shape), jnp.bfloat16), np.float64)
+    want = [y.detach().numpy(), *(g.numpy() for g in torch.autograd.grad(y, (xt, wt), torch.tensor(cotangent)))]
+
+    def bf16_last(a):
+        return jnp.asarray(np.moveaxis(a, 1, -1), jnp.bfloat16)
+
+    args = (stride, [(p, p) for p in padding], dilation, groups)
+    x16, w16 = bf16_last(rounded[0]), jnp.asarray(rounded[1], jnp.bfloat16)
+    assert runs(x16, w16, *args)
+
+    def f(x, w, c):
+        y, vjp = jax.vjp(lambda a, b: convolution(a, b, *args), x, w)
+        return (y, *vjp(c))
+
+    assert "ffi_call" in str(jax.make_jaxpr(f)(x16, w16, bf16_last(cotangent)))
+    got = jax.jit(f)(x16, w16, bf16_last(cotangent))
+    assert all(g.dtype == jnp.bfloat16 for g in got)
+    got = [np.moveaxis(np.asarray(got[0], np.float64), -1, 1), np.moveaxis(np.asarray(got[1], np.float64), -1, 1),
+           np.asarray(got[2], np.float64)]
+    for part, g, r in zip(("y", "dx", "dw"), got, want):
+        step = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(r), 1e-30))) - 7)  # bfloat16's spacing at r
+        assert np.all(np.abs(g - r) <= step + 1e-6 * np.max(np.abs(r))), f"{name}: {part}"
+
+
 def test_an_empty_batch_gives_empty_outputs_and_zero_weight_gradients():
     for groups, cin, cout, k in ((1, 16, 16, 3), (16, 16, 16, 3), (1, 512, 512, 1)):
         x = jnp.zeros((0, 6, 6, cin), jnp.float32)
@@ -183,7 +219,8 @@ def test_other_dtypes_3d_and_negative_padding_are_left_to_xla():
     w = jnp.ones((16, 16, 3, 3), jnp.float32)
     same = ((1, 1), [(1, 1), (1, 1)], (1, 1), 1)
     assert runs(x, w, *same)
-    assert not runs(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), *same)
+    assert not runs(x.astype(jnp.float16), w.astype(jnp.float16), *same)
+    assert not runs(x.astype(jnp.bfloat16), w, *same)
     assert not runs(x, w, (1, 1), [(-1, 1), (1, 1)], (1, 1), 1)
     assert not runs(x[:, None], w[..., None], (1, 1, 1), [(1, 1)] * 3, (1, 1, 1), 1)
 

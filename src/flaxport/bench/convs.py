@@ -5,10 +5,10 @@ depthwise and grouped ones) it times the forward, the input gradient and the wei
 gradient through each route a translated file can take: flaxport's kernels
 (`flaxport.kernels.conv.convolution`), XLA's own convolution (YNNPACK where it takes it,
 else Eigen), and, for reference, torch's oneDNN (channels-last, the faster layout there).
-All in one process with the same threads, interleaved rounds (each in a shuffled order),
-each route timed over ~20 ms of calls after ~10 ms untimed (`convnets.warm`), medians;
-GFLOP/s count
-2 x the multiply-adds, the same figure for every route.
+In float32, or bfloat16 with `--dtype bfloat16` (the kernels then sum in float32, as oneDNN
+does). All in one process with the same threads, interleaved rounds (each in a shuffled
+order), each route timed over ~20 ms of calls after ~10 ms untimed (`convnets.warm`),
+medians; GFLOP/s count 2 x the multiply-adds, the same figure for every route.
 """
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ def _args(argv):
     p.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for JAX and torch alike (default: all)")
     p.add_argument("--classes", default=None, help="comma-separated substrings of the class names to run")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the convolutions' dtype, for every route (default float32)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = p.parse_args(argv)
     if args.rounds < 1 or (args.threads is not None and args.threads < 1):
@@ -54,7 +56,7 @@ def _args(argv):
     return args
 
 
-def _routes(case):
+def _routes(case, dtype):
     """{route: {part: (function, arguments)}} for one shape class; x NHWC, weight torch's OIHW."""
     import jax
     import jax.numpy as jnp
@@ -66,8 +68,8 @@ def _routes(case):
     _, n, side, cin, cout, k, stride, groups = case
     pad = [(k // 2, k // 2)] * 2
     rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((n, side, side, cin)), jnp.float32)
-    w = jnp.asarray(rng.standard_normal((cout, cin // groups, k, k)) * 0.1, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((n, side, side, cin)), dtype)
+    w = jnp.asarray(rng.standard_normal((cout, cin // groups, k, k)) * 0.1, dtype)
 
     def xla(x, w):
         return lax.conv_general_dilated(x, w, (stride, stride), pad, feature_group_count=groups,
@@ -78,7 +80,7 @@ def _routes(case):
 
     out = {}
     for route, conv in (("flaxport kernels", native), ("XLA", xla)):
-        dy = jnp.ones(jax.eval_shape(conv, x, w).shape, jnp.float32)
+        dy = jnp.ones(jax.eval_shape(conv, x, w).shape, dtype)
         out[route] = {
             "forward": (jax.jit(conv), (x, w)),
             "input gradient": (jax.jit(lambda x, w, dy, conv=conv: jax.vjp(lambda a: conv(a, w), x)[1](dy)), (x, w, dy)),
@@ -88,13 +90,15 @@ def _routes(case):
     return out
 
 
-def _torch_route(case, threads):
+def _torch_route(case, threads, dtype):
     import torch
 
     _, n, side, cin, cout, k, stride, groups = case
     torch.set_num_threads(threads)
-    conv = torch.nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False).to(memory_format=torch.channels_last)
-    x = torch.randn(n, cin, side, side).to(memory_format=torch.channels_last)
+    dtype = getattr(torch, dtype)
+    conv = torch.nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False)
+    conv = conv.to(dtype).to(memory_format=torch.channels_last)
+    x = torch.randn(n, cin, side, side, dtype=dtype).to(memory_format=torch.channels_last)
     xg = x.clone().requires_grad_()
     y = conv(xg)
     dy = torch.ones_like(y)
@@ -123,8 +127,8 @@ def run(args) -> dict:
         name, n, side, cin, cout, k, stride, groups = case
         out_side = (side + 2 * (k // 2) - k) // stride + 1
         gflop = 2 * n * out_side * out_side * cout * (cin // groups) * k * k / 1e9
-        routes = _routes(case)
-        routes["torch oneDNN"] = _torch_route(case, jax_threads())
+        routes = _routes(case, args.dtype)
+        routes["torch oneDNN"] = _torch_route(case, jax_threads(), args.dtype)
         calls = {}
         for route, parts in routes.items():
             for part, (fn, fargs) in parts.items():
@@ -153,7 +157,7 @@ def run(args) -> dict:
             row["cpu_gflops"].setdefault(route, {})[part] = round(gflop / statistics.median(cpu[(route, part)]), 1)
         rows.append(row)
         _print_row(row, len(rows) == 1)
-    return {"rows": rows, "threads": jax_threads(), "jax": jax.__version__}
+    return {"rows": rows, "threads": jax_threads(), "dtype": args.dtype, "jax": jax.__version__}
 
 
 def _print_row(row, header):
@@ -169,7 +173,7 @@ def _print_row(row, header):
 def main(argv=None) -> int:
     args = _args(argv)
     r = run(args)
-    print(f"{r['threads']} threads for JAX and torch, {args.rounds} interleaved rounds; jax {r['jax']}")
+    print(f"{r['threads']} threads for JAX and torch, {args.rounds} interleaved rounds, {r['dtype']}; jax {r['jax']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)

@@ -3,8 +3,9 @@
 `convolution` takes torch's arguments (the weight in torch's layout) and picks the kernel:
 a depthwise convolution (groups = input = output channels) runs on the depthwise kernel, one
 whose window is its whole input is XLA's matrix product, every other 1-D or 2-D one (any
-stride, dilation, padding, kernel size and group count) on the dense kernel. `runs` says whether it can here: on a CPU, in float32, with the kernels
-built. Generated model files (`translate`) call both; the workloads call `native_conv2d`.
+stride, dilation, padding, kernel size and group count) on the dense kernel. `runs` says
+whether it can here: on a CPU, in float32 or bfloat16, with the kernels built. Generated model
+files (`translate`) call both; the workloads call `native_conv2d`.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from flaxport.kernels.ffi_conv import HWIO, OIHW, dense, depthwise
 
 
 def runs(x, weight, stride, padding, dilation, groups) -> bool:
-    """Whether `convolution` runs this convolution on the kernels: 1-D or 2-D, float32 x and
-    weight, on a CPU, with the kernels built (and padding of at least 0)."""
+    """Whether `convolution` runs this convolution on the kernels: 1-D or 2-D, x and weight both
+    float32 or both bfloat16, on a CPU, with the kernels built (and padding of at least 0)."""
     n = weight.ndim - 2
-    return (n in (1, 2) and x.dtype == jnp.float32 and weight.dtype == jnp.float32
+    return (n in (1, 2) and x.dtype == weight.dtype and x.dtype in (jnp.float32, jnp.bfloat16)
             and all(p >= 0 for side in padding for p in side) and jax.default_backend() == "cpu"
             and kernels.available())
 
@@ -29,6 +30,11 @@ def convolution(x, weight, stride, padding, dilation, groups):
 
     stride, dilation: one int per axis; padding: (low, high) per axis. Check `runs` first.
     """
+    if x.dtype == jnp.bfloat16:
+        # A product of two bfloat16 values is exact in float32, so the float32 kernels compute
+        # the sums bfloat16 convolutions accumulate (oneDNN's too), rounded once at the end.
+        y = convolution(x.astype(jnp.float32), weight.astype(jnp.float32), stride, padding, dilation, groups)
+        return y.astype(jnp.bfloat16)
     if weight.ndim == 3:  # 1-D: one row of a 2-D image
         y = convolution(x[:, None], weight[:, :, None], (1, *stride), [(0, 0), *padding], (1, *dilation), groups)
         return y[:, 0]
