@@ -8,8 +8,8 @@ forward:          y  = fwd(pad(x), w)   (dense: the padding skipped, never writt
 weight gradient:  dw = dw_kernel(pad(x), dy)
 input gradient:   dx = fwd of dy with the flipped kernel, per phase of the stride (phases.py)
 
-except that a 1x1 unpadded ungrouped convolution with a weight of LARGE_WEIGHT elements or more takes
-both gradients as XLA's matrix products (`_pointwise_gradients`).
+except that a 1x1, unpadded, ungrouped convolution whose weight holds LARGE_WEIGHT elements
+or more takes both gradients as XLA's matrix products (`_pointwise_gradients`).
 
 The same sums as `lax.conv_general_dilated` and its transposes, in another order: float32
 rounding differs at the 1e-6 relative level. Every sum runs in a fixed order, so the

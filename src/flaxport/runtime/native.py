@@ -14,8 +14,8 @@ from flaxport.runtime.functions import _xla_convolution
 def _convolution(x, weight, stride, padding, dilation, groups):
     """x (N, *S, C), weight (O, C/groups, *K), padding [(low, high)] per axis -> (N, *S', O).
 
-    flaxport's kernels run the 1-D and 2-D convolutions in float32 or bfloat16 on a CPU (any stride,
-    dilation, padding and groups; `flaxport_conv.runs`); XLA's convolution runs the rest.
+    flaxport's kernels run the 1-D and 2-D convolutions in float32 or bfloat16 on a CPU (any
+    stride, dilation, padding and groups; `flaxport_conv.runs`); XLA's convolution runs the rest.
     """
     if flaxport_conv is not None and flaxport_conv.runs(x, weight, stride, padding, dilation, groups):
         return flaxport_conv.convolution(x, weight, stride, padding, dilation, groups)
