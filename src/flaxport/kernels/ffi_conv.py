@@ -9,11 +9,13 @@ weight gradient:  dw = dw_kernel(pad(x), dy)
 input gradient:   dx = fwd of dy with the flipped kernel, per phase of the stride (phases.py)
 
 except that a 1x1, unpadded, ungrouped convolution whose weight holds LARGE_WEIGHT elements
-or more takes both gradients as XLA's matrix products (`_pointwise_gradients`).
+or more takes both gradients as XLA's matrix products (the vjp of `_pointwise`).
 
 The same sums as `lax.conv_general_dilated` and its transposes, in another order: float32
-rounding differs at the 1e-6 relative level. Every sum runs in a fixed order, so the
-results are the same bits for any thread count.
+rounding differs at the 1e-6 relative level. The kernels' sums run in a fixed order, so
+their results are the same bits for any thread count; the large 1x1 gradients are XLA's
+dots, which make no such promise (tests/test_kernels_conv.py finds the same bits with one and
+two threads on the shapes it runs).
 """
 from __future__ import annotations
 
@@ -155,34 +157,21 @@ def _dense_fwd(x, w, pads, stride, dilation, groups, layout):
 LARGE_WEIGHT = 1 << 18
 
 
-def _pointwise_gradients(x, w, dy, layout, stride):
-    """(dx, dw) of a 1x1, unpadded, ungrouped convolution: two matrix products.
+def _pointwise(x, w, layout, stride):
+    """x (N, H, W, I), w (O, I, 1, 1) or (1, 1, I, O) -> (N, Ho, Wo, O): a 1x1, unpadded,
+    ungrouped convolution written as one matrix product (a stride reads every s-th cell).
 
-    x (N, H, W, I), dy (N, Ho, Wo, O), w (O, I, 1, 1) or (1, 1, I, O). As XLA's dots they
-    read the weight where it lies; the kernels pack it (swapped) for dx and sum dw through
-    their tiles, which for a large weight costs more than the products (docs/cpu.md). A
-    stride reads every s-th cell, so only those cells get a gradient."""
-    (sh, sw), (_, ho, wo, _) = stride, dy.shape
-    picked = x[:, :(ho - 1) * sh + 1:sh, :(wo - 1) * sw + 1:sw]
-    rows, dy_rows = picked.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-    if layout == OIHW:
-        dx = dy_rows @ w.reshape(w.shape[:2])  # w (O, I)
-        dw = lax.dot_general(dy_rows, rows, (((0,), (0,)), ((), ())))  # (O, I)
-    else:
-        dx = lax.dot_general(dy_rows, w.reshape(w.shape[2:]), (((1,), (1,)), ((), ())))  # w (I, O)
-        dw = lax.dot_general(rows, dy_rows, (((0,), (0,)), ((), ())))  # (I, O)
-    dx = dx.reshape(picked.shape)
-    if (sh, sw) != (1, 1):  # back onto every s-th cell, zeros between and after
-        (_, h, wd, _), zero = x.shape, jnp.zeros((), dx.dtype)
-        dx = lax.pad(dx, zero, ((0, 0, 0), (0, h - picked.shape[1] * sh + sh - 1, sh - 1),
-                                (0, wd - picked.shape[2] * sw + sw - 1, sw - 1), (0, 0, 0)))
-    return dx, dw.reshape(w.shape)
+    Only its vjp is used: as XLA's dots the gradients read the weight where it lies; the
+    kernels pack it (swapped) for dx and sum dw through their tiles, which for a large weight
+    costs more than the products (docs/cpu.md)."""
+    weight = w.reshape(w.shape[:2]).T if layout == OIHW else w.reshape(w.shape[2:])  # (I, O)
+    return x[:, ::stride[0], ::stride[1]] @ weight
 
 
 def _dense_bwd(pads, stride, dilation, groups, layout, residuals, dy):
     x, w = residuals
     if _dims(w, layout)[2:] == (1, 1) and groups == 1 and pads == ((0, 0), (0, 0)) and w.size >= LARGE_WEIGHT:
-        return _pointwise_gradients(x, w, dy, layout, stride)
+        return jax.vjp(partial(_pointwise, layout=layout, stride=stride), x, w)[1](dy)
     x_shape, x_padded = x.shape, _pad(x, pads)
     dw = _dense_weight_gradient(x_padded, dy, w, groups, layout, stride, dilation)
     _, group_inputs, kh, kw = _dims(w, layout)
