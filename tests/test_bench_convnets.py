@@ -29,6 +29,7 @@ def test_time_translation_times_forward_and_train_step_against_torch():
         assert f["torch_ms"] > 0 and f["jax_ms"] > 0 and f["torch_cpu_ms"] > 0
         assert f["ratio"] == pytest.approx(f["jax_ms"] / f["torch_ms"], rel=2e-2, abs=1e-3)
     assert r["rounds"] == 2 and set(r["compile_s"]) == {"jax forward", "jax step"}
+    assert r.get("stolen_s", 0) >= 0
 
 
 @pytest.mark.slow
@@ -74,3 +75,31 @@ def test_the_conv_routes_benchmark_measures_every_route(tmp_path, dtype):
     assert result["dtype"] == dtype
     assert set(row["gflops"]) == {"flaxport kernels", "XLA", "torch oneDNN"}
     assert all(v > 0 for parts in row["gflops"].values() for v in parts.values())
+
+
+def test_stolen_time_is_read_from_the_kernel_s_counters_and_a_disturbed_row_is_named(tmp_path, monkeypatch, capsys):
+    """On a virtual machine the host can take the CPUs for seconds: Linux counts it (steal, the
+    eighth figure of /proc/stat's cpu line, in clock ticks), each row keeps what its rounds lost
+    and the run names the rows it disturbed."""
+    import os
+
+    from flaxport.bench import convnets
+
+    stat = tmp_path / "stat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat.write_text(f"cpu  6100729 11 553796 2365184 8693 0 970 {3 * ticks} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    assert convnets.stolen_seconds(str(stat)) == pytest.approx(3.0)
+    stat.write_text("intr 1 2 3\n")
+    assert convnets.stolen_seconds(str(stat)) is None
+    assert convnets.stolen_seconds(str(tmp_path / "absent")) is None
+
+    def row(model, stolen):
+        timing = {"torch_ms": 2.0, "jax_ms": 1.0, "ratio": 0.5, "cpu_ratio": 0.5}
+        return {"model": model, "size": 64, "forward": timing, "step": timing, "stolen_s": stolen}
+
+    monkeypatch.setattr(convnets, "run", lambda args: {
+        "rows": [row("resnet18", 0.02), row("vgg11", 1.26)], "threads": 2, "dtype": "float32", "jax": "j",
+        "torch": "t", "load_average_before": (1.0,), "load_average_after": (1.0,)})
+    assert convnets.main(["--models", "resnet18,vgg11", "--sizes", "64"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "vgg11 at 64 (1.3 s)" in last and "resnet18" not in last

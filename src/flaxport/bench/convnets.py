@@ -6,7 +6,10 @@ beside the torch module it came from, in one process, with equal threads: the ji
 eval-mode forward against torch's under `no_grad`, and the jitted step of the generated
 train_step.py against torch's eager step (same optimizer and loss, cross-entropy on random
 labels). The timings are interleaved in rounds, so a slow spell of a shared machine hits
-both frameworks alike; medians are compared and compile times reported apart.
+both frameworks alike; medians are compared and compile times reported apart. On a virtual
+machine the host can take the CPUs away for seconds at a time (Linux counts it as stolen
+time): each row records how much it took during its timed rounds, and the run names the
+rows it disturbed.
 
 `time_translation(module, inputs)` is the measurement for one model, for other benchmarks
 to call. On a GPU (`--device cuda`, jax and torch built with CUDA) the same command adds
@@ -58,6 +61,21 @@ def warm(call, sync=lambda out: out, seconds: float = 0.01) -> None:
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         sync(call())
+
+
+# A row whose timed rounds lost this much CPU time to the host is named as disturbed.
+DISTURBED_S = 0.1
+
+
+def stolen_seconds(stat: str = "/proc/stat") -> float | None:
+    """CPU seconds the hypervisor has taken from this machine's CPUs since boot (Linux's steal
+    time, summed over the CPUs); None where the kernel does not count it."""
+    try:
+        with open(stat) as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" else None
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class _Runs:
@@ -154,9 +172,13 @@ def time_translation(module, inputs, *, rounds: int = 10, train: bool = True, co
         runs.add("torch.compile forward", forward_compiled, sync_torch)
     if train:
         _add_steps(runs, namespace, module, x_torch, x_jax, labels, device, torch_dtype, torch_compile, sync_torch)
+    stolen = stolen_seconds()
     for _ in range(rounds):
         runs.round()
-    return _figures(runs, train, torch_compile)
+    figures = _figures(runs, train, torch_compile)
+    if stolen is not None:
+        figures["stolen_s"] = round(stolen_seconds() - stolen, 2)
+    return figures
 
 
 def _add_steps(runs, namespace, module, x_torch, x_jax, labels, device, torch_dtype, torch_compile, sync_torch):
@@ -397,6 +419,11 @@ def main(argv=None) -> int:
                 worst = max(rows, key=lambda row: row[part][key])
                 print(f"{part} {what} ratio jax/torch: median {statistics.median(r[part][key] for r in rows):.2f}x, "
                       f"worst {worst[part][key]:.2f}x ({worst['model']} at {worst['size']})")
+    disturbed = [row for row in ok if row.get("stolen_s", 0) >= DISTURBED_S]
+    if disturbed:
+        print("the host took CPU time from this machine while these were timed (their figures are disturbed; "
+              "time them again): " + ", ".join(f"{row['model']} at {row['size']} ({row['stolen_s']:.1f} s)"
+                                                for row in disturbed))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)
