@@ -29,7 +29,7 @@ def test_time_translation_times_forward_and_train_step_against_torch():
         assert f["torch_ms"] > 0 and f["jax_ms"] > 0 and f["torch_cpu_ms"] > 0
         assert f["ratio"] == pytest.approx(f["jax_ms"] / f["torch_ms"], rel=2e-2, abs=1e-3)
     assert r["rounds"] == 2 and set(r["compile_s"]) == {"jax forward", "jax step"}
-    assert r.get("stolen_s", 0) >= 0
+    assert r.get("stolen_s", 0) >= 0 and r.get("timed_s", 1) > 0
 
 
 @pytest.mark.slow
@@ -95,11 +95,11 @@ def test_stolen_time_is_read_from_the_kernel_s_counters_and_a_disturbed_row_is_n
 
     def row(model, stolen):
         timing = {"torch_ms": 2.0, "jax_ms": 1.0, "ratio": 0.5, "cpu_ratio": 0.5}
-        return {"model": model, "size": 64, "forward": timing, "step": timing, "stolen_s": stolen}
+        return {"model": model, "size": 64, "forward": timing, "step": timing, "stolen_s": stolen, "timed_s": 24.0}
 
     monkeypatch.setattr(convnets, "run", lambda args: {
         "rows": [row("resnet18", 0.02), row("vgg11", 1.26)], "threads": 2, "dtype": "float32", "jax": "j",
         "torch": "t", "load_average_before": (1.0,), "load_average_after": (1.0,)})
     assert convnets.main(["--models", "resnet18,vgg11", "--sizes", "64"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert "vgg11 at 64 (1.3 s)" in last and "resnet18" not in last
+    assert "vgg11 at 64 (1.3 s in 24 s)" in last and "resnet18" not in last

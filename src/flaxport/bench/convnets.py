@@ -9,7 +9,7 @@ labels). The timings are interleaved in rounds, so a slow spell of a shared mach
 both frameworks alike; medians are compared and compile times reported apart. On a virtual
 machine the host can take the CPUs away for seconds at a time (Linux counts it as stolen
 time): each row records how much it took during its timed rounds, and the run names the
-rows it disturbed.
+rows it touched.
 
 `time_translation(module, inputs)` is the measurement for one model, for other benchmarks
 to call. On a GPU (`--device cuda`, jax and torch built with CUDA) the same command adds
@@ -63,7 +63,7 @@ def warm(call, sync=lambda out: out, seconds: float = 0.01) -> None:
         sync(call())
 
 
-# A row whose timed rounds lost this much CPU time to the host is named as disturbed.
+# A row whose timed rounds lost this much CPU time to the host is named at the end of the run.
 DISTURBED_S = 0.1
 
 
@@ -172,12 +172,13 @@ def time_translation(module, inputs, *, rounds: int = 10, train: bool = True, co
         runs.add("torch.compile forward", forward_compiled, sync_torch)
     if train:
         _add_steps(runs, namespace, module, x_torch, x_jax, labels, device, torch_dtype, torch_compile, sync_torch)
-    stolen = stolen_seconds()
+    stolen, t0 = stolen_seconds(), time.perf_counter()
     for _ in range(rounds):
         runs.round()
     figures = _figures(runs, train, torch_compile)
     if stolen is not None:
         figures["stolen_s"] = round(stolen_seconds() - stolen, 2)
+        figures["timed_s"] = round(time.perf_counter() - t0, 1)
     return figures
 
 
@@ -421,9 +422,10 @@ def main(argv=None) -> int:
                       f"worst {worst[part][key]:.2f}x ({worst['model']} at {worst['size']})")
     disturbed = [row for row in ok if row.get("stolen_s", 0) >= DISTURBED_S]
     if disturbed:
-        print("the host took CPU time from this machine while these were timed (their figures are disturbed; "
-              "time them again): " + ", ".join(f"{row['model']} at {row['size']} ({row['stolen_s']:.1f} s)"
-                                                for row in disturbed))
+        print("the host took CPU time from this machine while these were timed (Linux's steal time; if a "
+              "figure looks off, time it again): " + ", ".join(
+                  f"{row['model']} at {row['size']} ({row['stolen_s']:.1f} s in {row['timed_s']:.0f} s)"
+                  for row in disturbed))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)
